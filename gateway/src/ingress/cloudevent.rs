@@ -1,0 +1,711 @@
+//! CloudEvents 1.0 over HTTP: the three content modes (binary, structured, batch) parsed into
+//! cloudevents-sdk `Event`s, with validation that names the failing attribute.
+//!
+//! The checks are ours rather than the SDK's so each error says which attribute is wrong and
+//! why; the result is always an SDK `Event`, and the stored form is the SDK's structured JSON.
+
+use base64::Engine as _;
+use chrono::{DateTime, Utc};
+use cloudevents::event::{AttributesWriter, Data, ExtensionValue};
+use cloudevents::{AttributesReader, Event, EventBuilder, EventBuilderV10};
+use http::HeaderMap;
+use serde_json::{Map, Value};
+
+/// Why an event (or a whole request) was refused. `field` names the attribute, header or limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct EventError {
+    pub field: String,
+    pub message: String,
+    pub kind: ErrorKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    Invalid,
+    TooLarge,
+    /// The request is not in a media type this gateway reads (`415`).
+    Unsupported,
+}
+
+impl EventError {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        EventError {
+            field: field.into(),
+            message: message.into(),
+            kind: ErrorKind::Invalid,
+        }
+    }
+
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        EventError {
+            field: "content-type".to_string(),
+            message: message.into(),
+            kind: ErrorKind::Unsupported,
+        }
+    }
+
+    pub fn too_large(field: impl Into<String>, message: impl Into<String>) -> Self {
+        EventError {
+            field: field.into(),
+            message: message.into(),
+            kind: ErrorKind::TooLarge,
+        }
+    }
+}
+
+/// How a request carries its events, decided from `Content-Type` and the `ce-specversion` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContentMode {
+    Binary,
+    Structured,
+    Batch,
+}
+
+pub const STRUCTURED_JSON: &str = "application/cloudevents+json";
+pub const BATCH_JSON: &str = "application/cloudevents-batch+json";
+
+/// The media type without parameters, lower-cased: `Application/JSON; charset=utf-8` → `application/json`.
+pub fn essence(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// Chooses the content mode, or says why the request is not a CloudEvent this gateway reads.
+pub fn content_mode(headers: &HeaderMap) -> Result<ContentMode, EventError> {
+    let content_type = headers
+        .get(http::header::CONTENT_TYPE)
+        .map(|v| v.to_str().map(essence))
+        .transpose()
+        .map_err(|_| EventError::invalid("content-type", "Content-Type is not valid ASCII"))?;
+    match content_type.as_deref() {
+        Some(STRUCTURED_JSON) => return Ok(ContentMode::Structured),
+        Some(BATCH_JSON) => return Ok(ContentMode::Batch),
+        Some(ct) if ct.starts_with("application/cloudevents") => {
+            return Err(EventError::unsupported(format!(
+                "event format `{ct}` is not supported; use {STRUCTURED_JSON}, {BATCH_JSON} or binary mode"
+            )))
+        }
+        _ => {}
+    }
+    if headers.contains_key("ce-specversion") {
+        return Ok(ContentMode::Binary);
+    }
+    if headers.keys().any(|k| k.as_str().starts_with("ce-")) {
+        return Err(EventError::invalid(
+            "ce-specversion",
+            "binary mode needs the ce-specversion header",
+        ));
+    }
+    Err(EventError::unsupported(format!(
+        "not a CloudEvent: send binary mode (ce-* headers), or a body of type {STRUCTURED_JSON} or {BATCH_JSON}"
+    )))
+}
+
+const REQUIRED: [&str; 3] = ["id", "source", "type"];
+
+/// An event with empty required attributes and nothing else, for the parsers to fill in.
+/// (`Event::default()` would invent an id, a source and a time.)
+fn blank_event() -> Result<Event, EventError> {
+    EventBuilderV10::new()
+        .id("")
+        .source("/")
+        .ty("")
+        .build()
+        .map_err(|e| EventError::invalid("event", e.to_string()))
+}
+
+/// A CloudEvents attribute name: lower-case ASCII letters and digits only (spec §3.1.1).
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+/// Binary mode: attributes in `ce-*` headers (percent-encoded), data in the body.
+pub fn from_binary(headers: &HeaderMap, body: &[u8]) -> Result<Event, EventError> {
+    let mut event = blank_event()?;
+    let mut seen = [false; 3];
+    let mut header_content_type: Option<String> = None;
+    let mut spec_ok = false;
+    for (name, value) in headers {
+        let Some(attr) = name.as_str().strip_prefix("ce-") else {
+            continue;
+        };
+        let field = name.as_str();
+        let value = percent_decode(value.as_bytes()).ok_or_else(|| {
+            EventError::invalid(field, "value is not valid percent-encoded UTF-8")
+        })?;
+        if !valid_name(attr) {
+            return Err(EventError::invalid(
+                field,
+                format!(
+                    "`{attr}` is not a valid attribute name (lower-case letters and digits only)"
+                ),
+            ));
+        }
+        match attr {
+            "specversion" => {
+                check_specversion(field, &value)?;
+                spec_ok = true;
+            }
+            "datacontenttype" => header_content_type = Some(value),
+            "data" => {
+                return Err(EventError::invalid(
+                    field,
+                    "`data` is not an attribute; in binary mode data is the body",
+                ))
+            }
+            _ => {
+                if let Some(i) = REQUIRED.iter().position(|r| *r == attr) {
+                    seen[i] = true;
+                }
+                set_string_attribute(&mut event, attr, field, value)?;
+            }
+        }
+    }
+    if !spec_ok {
+        return Err(EventError::invalid("ce-specversion", "header is missing"));
+    }
+    for (i, name) in REQUIRED.iter().enumerate() {
+        if !seen[i] {
+            return Err(EventError::invalid(
+                format!("ce-{name}"),
+                "required attribute is missing",
+            ));
+        }
+    }
+    let content_type = match headers.get(http::header::CONTENT_TYPE) {
+        Some(v) => {
+            let ct = v
+                .to_str()
+                .map_err(|_| EventError::invalid("content-type", "not valid ASCII"))?
+                .to_string();
+            if let Some(h) = &header_content_type {
+                if essence(h) != essence(&ct) {
+                    return Err(EventError::invalid(
+                        "ce-datacontenttype",
+                        "contradicts Content-Type; in binary mode send only Content-Type",
+                    ));
+                }
+            }
+            Some(ct)
+        }
+        None => header_content_type,
+    };
+    if let Some(ct) = &content_type {
+        check_media_type("datacontenttype", ct)?;
+    }
+    let data = if body.is_empty() {
+        None
+    } else {
+        Some(binary_data(content_type.as_deref(), body)?)
+    };
+    event.set_datacontenttype(content_type);
+    if let Some(data) = data {
+        event.set_data_unchecked(data);
+    }
+    Ok(event)
+}
+
+fn binary_data(content_type: Option<&str>, body: &[u8]) -> Result<Data, EventError> {
+    match content_type.map(essence) {
+        Some(ct) if is_json(&ct) => serde_json::from_slice(body).map(Data::Json).map_err(|e| {
+            EventError::invalid(
+                "data",
+                format!("the body is not valid JSON, but the content type is `{ct}`: {e}"),
+            )
+        }),
+        Some(ct) if ct.starts_with("text/") => Ok(match std::str::from_utf8(body) {
+            Ok(text) => Data::String(text.to_string()),
+            Err(_) => Data::Binary(body.to_vec()),
+        }),
+        _ => Ok(Data::Binary(body.to_vec())),
+    }
+}
+
+/// JSON media types, as the JSON event format defines them (`application/json`, `+json`).
+pub fn is_json(essence: &str) -> bool {
+    essence == "application/json" || essence == "text/json" || essence.ends_with("+json")
+}
+
+/// Structured mode: one event as a JSON object.
+pub fn from_structured(body: &[u8]) -> Result<Event, EventError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| EventError::invalid("body", format!("not valid JSON: {e}")))?;
+    match value {
+        Value::Object(map) => from_json_object(map),
+        _ => Err(EventError::invalid(
+            "body",
+            "a structured-mode CloudEvent must be a JSON object",
+        )),
+    }
+}
+
+/// Batch mode: a JSON array of structured events. The outer `Err` refuses the whole request
+/// (not an array, too many entries); each entry then succeeds or fails on its own.
+pub fn from_batch(
+    body: &[u8],
+    max_events: usize,
+) -> Result<Vec<Result<Event, EventError>>, EventError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| EventError::invalid("body", format!("not valid JSON: {e}")))?;
+    let Value::Array(entries) = value else {
+        return Err(EventError::invalid(
+            "body",
+            "a batch must be a JSON array of CloudEvents",
+        ));
+    };
+    if entries.is_empty() {
+        return Err(EventError::invalid("body", "the batch is empty"));
+    }
+    if entries.len() > max_events {
+        return Err(EventError::too_large(
+            "limits.max_batch_events",
+            format!(
+                "the batch has {} entries; at most {max_events} are accepted",
+                entries.len()
+            ),
+        ));
+    }
+    Ok(entries
+        .into_iter()
+        .map(|entry| match entry {
+            Value::Object(map) => from_json_object(map),
+            _ => Err(EventError::invalid(
+                "entry",
+                "a batch entry must be a JSON object",
+            )),
+        })
+        .collect())
+}
+
+/// The JSON event format (CloudEvents JSON format 1.0).
+pub fn from_json_object(mut map: Map<String, Value>) -> Result<Event, EventError> {
+    match map.remove("specversion") {
+        Some(Value::String(v)) => check_specversion("specversion", &v)?,
+        Some(_) => return Err(EventError::invalid("specversion", "must be a string")),
+        None => {
+            return Err(EventError::invalid(
+                "specversion",
+                "required attribute is missing",
+            ))
+        }
+    }
+    let data = map.remove("data").filter(|v| !v.is_null());
+    let data_base64 = map.remove("data_base64").filter(|v| !v.is_null());
+    let mut event = blank_event()?;
+    let mut content_type = None;
+    for name in REQUIRED {
+        match map.remove(name) {
+            Some(Value::String(v)) => set_string_attribute(&mut event, name, name, v)?,
+            Some(_) => return Err(EventError::invalid(name, "must be a string")),
+            None => return Err(EventError::invalid(name, "required attribute is missing")),
+        }
+    }
+    for (name, value) in map {
+        if !valid_name(&name) {
+            return Err(EventError::invalid(
+                name.clone(),
+                format!(
+                    "`{name}` is not a valid attribute name (lower-case letters and digits only)"
+                ),
+            ));
+        }
+        match (name.as_str(), value) {
+            (_, Value::Null) => {}
+            ("datacontenttype", Value::String(v)) => {
+                check_media_type("datacontenttype", &v)?;
+                content_type = Some(v);
+            }
+            ("dataschema" | "subject" | "time", Value::String(v)) => {
+                set_string_attribute(&mut event, &name, &name, v)?
+            }
+            ("datacontenttype" | "dataschema" | "subject" | "time", _) => {
+                return Err(EventError::invalid(name, "must be a string"))
+            }
+            (_, Value::String(v)) => {
+                event.set_extension(&name, ExtensionValue::String(v));
+            }
+            (_, Value::Bool(v)) => {
+                event.set_extension(&name, ExtensionValue::Boolean(v));
+            }
+            (_, Value::Number(n)) => {
+                // CloudEvents Integer is 32-bit signed.
+                match n.as_i64().filter(|i| i32::try_from(*i).is_ok()) {
+                    Some(i) => {
+                        event.set_extension(&name, ExtensionValue::Integer(i));
+                    }
+                    None => return Err(EventError::invalid(
+                        name,
+                        "an extension number must be an integer between -2147483648 and 2147483647",
+                    )),
+                }
+            }
+            (_, _) => {
+                return Err(EventError::invalid(
+                    name,
+                    "an extension value must be a string, boolean or integer",
+                ))
+            }
+        }
+    }
+    let data = match (data, data_base64) {
+        (Some(_), Some(_)) => {
+            return Err(EventError::invalid(
+                "data_base64",
+                "an event carries `data` or `data_base64`, not both",
+            ))
+        }
+        (None, Some(Value::String(b64))) => Some(Data::Binary(
+            base64::engine::general_purpose::STANDARD
+                .decode(b64.as_bytes())
+                .map_err(|e| {
+                    EventError::invalid("data_base64", format!("not valid base64: {e}"))
+                })?,
+        )),
+        (None, Some(_)) => return Err(EventError::invalid("data_base64", "must be a string")),
+        (Some(value), None) => Some(match (&content_type, value) {
+            (Some(ct), Value::String(s)) if !is_json(&essence(ct)) => Data::String(s),
+            (_, value) => Data::Json(value),
+        }),
+        (None, None) => None,
+    };
+    event.set_datacontenttype(content_type);
+    if let Some(data) = data {
+        event.set_data_unchecked(data);
+    }
+    Ok(event)
+}
+
+fn check_specversion(field: &str, value: &str) -> Result<(), EventError> {
+    if value == "1.0" {
+        Ok(())
+    } else {
+        Err(EventError::invalid(
+            field,
+            format!("specversion `{value}` is not supported; this gateway accepts 1.0"),
+        ))
+    }
+}
+
+/// Sets a context attribute given as a string (binary headers, or a JSON string).
+fn set_string_attribute(
+    event: &mut Event,
+    attr: &str,
+    field: &str,
+    value: String,
+) -> Result<(), EventError> {
+    match attr {
+        "id" | "type" | "subject" if value.is_empty() => {
+            return Err(EventError::invalid(field, "must be a non-empty string"))
+        }
+        "id" => {
+            event.set_id(value);
+        }
+        "type" => {
+            event.set_type(value);
+        }
+        "subject" => {
+            event.set_subject(Some(value));
+        }
+        "source" => {
+            check_uri_reference(field, &value)?;
+            event.set_source(value);
+        }
+        "time" => {
+            let time = DateTime::parse_from_rfc3339(&value).map_err(|e| {
+                EventError::invalid(
+                    field,
+                    format!("`{value}` is not an RFC 3339 timestamp: {e}"),
+                )
+            })?;
+            event.set_time(Some(time.with_timezone(&Utc)));
+        }
+        "dataschema" => {
+            let url = url::Url::parse(&value).map_err(|e| {
+                EventError::invalid(field, format!("`{value}` is not an absolute URI: {e}"))
+            })?;
+            event.set_dataschema(Some(url));
+        }
+        _ => {
+            event.set_extension(attr, ExtensionValue::String(value));
+        }
+    }
+    Ok(())
+}
+
+/// `source` is a non-empty URI-reference (RFC 3986): no spaces or control characters.
+fn check_uri_reference(field: &str, value: &str) -> Result<(), EventError> {
+    if value.is_empty() {
+        return Err(EventError::invalid(
+            field,
+            "must be a non-empty URI-reference",
+        ));
+    }
+    if let Some(c) = value.chars().find(|c| {
+        c.is_whitespace()
+            || c.is_control()
+            || matches!(c, '<' | '>' | '"' | '\\' | '^' | '`' | '{' | '|' | '}')
+    }) {
+        return Err(EventError::invalid(
+            field,
+            format!("`{value}` is not a URI-reference: character {c:?} must be percent-encoded"),
+        ));
+    }
+    Ok(())
+}
+
+/// An RFC 2046 media type: `type/subtype` of token characters, then optional parameters.
+fn check_media_type(field: &str, value: &str) -> Result<(), EventError> {
+    let is_token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    let essence = value.split(';').next().unwrap_or("").trim();
+    let ok = essence
+        .split_once('/')
+        .is_some_and(|(t, s)| is_token(t) && is_token(s));
+    if ok {
+        Ok(())
+    } else {
+        Err(EventError::invalid(
+            field,
+            format!("`{value}` is not a media type (like application/json)"),
+        ))
+    }
+}
+
+/// Header values of binary mode are percent-encoded UTF-8 (HTTP binding §3.1.3.2).
+fn percent_decode(raw: &[u8]) -> Option<String> {
+    if !raw.contains(&b'%') {
+        return String::from_utf8(raw.to_vec()).ok();
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'%' {
+            let hex = raw.get(i + 1..i + 3)?;
+            let hex = std::str::from_utf8(hex).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(raw[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The stored form of an event: CloudEvents structured JSON, as the SDK writes it.
+pub fn encode(event: &Event) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(event)
+}
+
+/// Reads back the stored form.
+pub fn decode(bytes: &[u8]) -> Result<Event, serde_json::Error> {
+    serde_json::from_slice(bytes)
+}
+
+/// The key that decides an event's shard: the `partitionkey` extension, else the id.
+pub fn partition_key(event: &Event) -> String {
+    match event.extension("partitionkey") {
+        Some(ExtensionValue::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+        None => event.id().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    const MINIMAL: &[(&str, &str)] = &[
+        ("ce-specversion", "1.0"),
+        ("ce-id", "1"),
+        ("ce-source", "/orders"),
+        ("ce-type", "order.created"),
+    ];
+
+    #[test]
+    fn binary_minimal_and_json_data() {
+        let mut pairs = MINIMAL.to_vec();
+        pairs.push(("content-type", "application/json"));
+        pairs.push(("ce-partitionkey", "cust-7"));
+        let e = from_binary(&headers(&pairs), br#"{"a":1}"#).unwrap();
+        assert_eq!(e.id(), "1");
+        assert_eq!(e.ty(), "order.created");
+        assert_eq!(e.data(), Some(&Data::Json(serde_json::json!({"a": 1}))));
+        assert_eq!(partition_key(&e), "cust-7");
+        let round = decode(&encode(&e).unwrap()).unwrap();
+        assert_eq!(round, e);
+    }
+
+    #[test]
+    fn binary_missing_required_names_header() {
+        for missing in ["ce-id", "ce-source", "ce-type", "ce-specversion"] {
+            let pairs: Vec<_> = MINIMAL
+                .iter()
+                .copied()
+                .filter(|(k, _)| *k != missing)
+                .collect();
+            let err = from_binary(&headers(&pairs), b"").unwrap_err();
+            assert_eq!(err.field, missing);
+        }
+    }
+
+    #[test]
+    fn binary_rejects_bad_values() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("ce-specversion", "0.3", "ce-specversion"),
+            ("ce-time", "yesterday", "ce-time"),
+            ("ce-dataschema", "not a uri", "ce-dataschema"),
+            ("ce-source", "has space", "ce-source"),
+            ("ce-id", "", "ce-id"),
+        ];
+        for (name, value, field) in cases {
+            let mut pairs: Vec<_> = MINIMAL.iter().copied().filter(|(k, _)| k != name).collect();
+            pairs.push((name, value));
+            let err = from_binary(&headers(&pairs), b"").unwrap_err();
+            assert_eq!(&err.field, field, "{err}");
+        }
+        let mut pairs = MINIMAL.to_vec();
+        pairs.push(("content-type", "application/json"));
+        let err = from_binary(&headers(&pairs), b"{not json").unwrap_err();
+        assert_eq!(err.field, "data");
+        let mut pairs = MINIMAL.to_vec();
+        pairs.push(("ce-Bad_Name", "x"));
+        let err = from_binary(&headers(&pairs), b"").unwrap_err();
+        assert_eq!(err.field, "ce-bad_name");
+    }
+
+    #[test]
+    fn binary_percent_decodes_and_keeps_extensions() {
+        let mut pairs = MINIMAL.to_vec();
+        pairs.push(("ce-subject", "caf%C3%A9"));
+        pairs.push(("ce-traceparent", "00-abc"));
+        pairs.push(("content-type", "text/plain"));
+        let e = from_binary(&headers(&pairs), b"hello").unwrap();
+        assert_eq!(e.subject(), Some("café"));
+        assert_eq!(
+            e.extension("traceparent"),
+            Some(&ExtensionValue::String("00-abc".into()))
+        );
+        assert_eq!(e.data(), Some(&Data::String("hello".into())));
+    }
+
+    #[test]
+    fn structured_validation() {
+        let ok = br#"{"specversion":"1.0","id":"a","source":"s","type":"t","time":"2026-12-03T10:00:00+01:00","count":3,"flag":true,"data":{"x":[1,2]}}"#;
+        let e = from_structured(ok).unwrap();
+        assert_eq!(e.extension("count"), Some(&ExtensionValue::Integer(3)));
+        assert_eq!(e.time().unwrap().to_rfc3339(), "2026-12-03T09:00:00+00:00");
+        let cases: &[(&str, &str)] = &[
+            (r#"{"id":"a","source":"s","type":"t"}"#, "specversion"),
+            (r#"{"specversion":"1.0","source":"s","type":"t"}"#, "id"),
+            (
+                r#"{"specversion":"1.0","id":"a","source":"s","type":7}"#,
+                "type",
+            ),
+            (
+                r#"{"specversion":"1.0","id":"a","source":"s","type":"t","Bad":1}"#,
+                "Bad",
+            ),
+            (
+                r#"{"specversion":"1.0","id":"a","source":"s","type":"t","ext":1.5}"#,
+                "ext",
+            ),
+            (
+                r#"{"specversion":"1.0","id":"a","source":"s","type":"t","ext":{"a":1}}"#,
+                "ext",
+            ),
+            (
+                r#"{"specversion":"1.0","id":"a","source":"s","type":"t","data":1,"data_base64":"AA=="}"#,
+                "data_base64",
+            ),
+            (
+                r#"{"specversion":"1.0","id":"a","source":"s","type":"t","data_base64":"!!"}"#,
+                "data_base64",
+            ),
+            (
+                r#"{"specversion":"1.0","id":"a","source":"s","type":"t","datacontenttype":"json"}"#,
+                "datacontenttype",
+            ),
+            (r#"[1]"#, "body"),
+            (r#"{"specversion":"1.0","#, "body"),
+        ];
+        for (body, field) in cases {
+            let err = from_structured(body.as_bytes()).unwrap_err();
+            assert_eq!(&err.field, field, "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn structured_text_and_binary_data() {
+        let e = from_structured(br#"{"specversion":"1.0","id":"a","source":"s","type":"t","datacontenttype":"text/plain","data":"hi"}"#).unwrap();
+        assert_eq!(e.data(), Some(&Data::String("hi".into())));
+        let e = from_structured(
+            br#"{"specversion":"1.0","id":"a","source":"s","type":"t","data_base64":"AAEC"}"#,
+        )
+        .unwrap();
+        assert_eq!(e.data(), Some(&Data::Binary(vec![0, 1, 2])));
+        assert_eq!(decode(&encode(&e).unwrap()).unwrap(), e);
+    }
+
+    #[test]
+    fn batch_reports_each_entry() {
+        let body = br#"[{"specversion":"1.0","id":"a","source":"s","type":"t"},{"specversion":"1.0","id":"b","source":"s"},7]"#;
+        let results = from_batch(body, 10).unwrap();
+        assert!(results[0].is_ok());
+        assert_eq!(results[1].as_ref().unwrap_err().field, "type");
+        assert_eq!(results[2].as_ref().unwrap_err().field, "entry");
+        assert_eq!(from_batch(b"[]", 10).unwrap_err().field, "body");
+        assert_eq!(from_batch(b"{}", 10).unwrap_err().field, "body");
+        let err = from_batch(body, 2).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::TooLarge);
+    }
+
+    #[test]
+    fn content_modes() {
+        let h = headers(&[(
+            "content-type",
+            "application/cloudevents+json; charset=utf-8",
+        )]);
+        assert_eq!(content_mode(&h).unwrap(), ContentMode::Structured);
+        let h = headers(&[("content-type", "application/cloudevents-batch+json")]);
+        assert_eq!(content_mode(&h).unwrap(), ContentMode::Batch);
+        let h = headers(MINIMAL);
+        assert_eq!(content_mode(&h).unwrap(), ContentMode::Binary);
+        let h = headers(&[("content-type", "application/cloudevents+avro")]);
+        assert_eq!(content_mode(&h).unwrap_err().kind, ErrorKind::Unsupported);
+        let h = headers(&[("content-type", "application/json")]);
+        assert_eq!(content_mode(&h).unwrap_err().kind, ErrorKind::Unsupported);
+        let h = headers(&[("ce-id", "1")]);
+        assert_eq!(content_mode(&h).unwrap_err().field, "ce-specversion");
+    }
+
+    #[test]
+    fn percent_decoding_rejects_garbage() {
+        assert_eq!(percent_decode(b"a%20b").as_deref(), Some("a b"));
+        assert_eq!(percent_decode(b"a%2"), None);
+        assert_eq!(percent_decode(b"%FF"), None);
+    }
+}

@@ -1,0 +1,15 @@
+//! Sluice: a CloudEvents HTTP gateway. Producers POST events; each accepted event is stored
+//! durably in its bus's log before the `202`; rules match events and deliver them to targets.
+//!
+//! The modules follow the data flow: `ingress` → `store` (bus logs, positions) → `runtime`
+//! (tasks that read, filter and deliver) → `targets`.
+
+pub mod app;
+pub mod config;
+pub mod ingress;
+pub mod problem;
+pub mod rules;
+pub mod runtime;
+pub mod server;
+pub mod store;
+pub mod targets;

@@ -1,0 +1,91 @@
+//! The storage traits every mode implements: bus logs (one ordered log per shard) and
+//! positions (how far each subscription has delivered each shard). The embedded backend keeps
+//! them on local disk; the distributed backend will keep them in Redis behind the same traits.
+
+pub mod embedded;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::sync::watch;
+
+/// A sequence number within one shard's log: the first record is 0, then 1, 2, …
+pub type Seq = u64;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The store cannot take more work now; retrying shortly may succeed.
+    #[error("the store is busy: {0}")]
+    Busy(String),
+    /// The store failed (I/O error, unreachable); nothing of the failed write was kept.
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
+    /// Stored data did not read back as written.
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    pub fn io(context: &str, e: &std::io::Error) -> Self {
+        StoreError::Unavailable(format!("{context}: {e}"))
+    }
+}
+
+/// One record read back from a shard log.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub seq: Seq,
+    pub payload: Bytes,
+}
+
+/// The records of one request bound for one shard.
+#[derive(Debug)]
+pub struct ShardAppend {
+    pub shard: u32,
+    pub records: Vec<Bytes>,
+}
+
+/// The log of one bus: `shards` independent ordered logs.
+#[async_trait]
+pub trait BusLog: Send + Sync + 'static {
+    fn shards(&self) -> u32;
+
+    /// Appends to several shards at once and returns, per input entry, the sequence number
+    /// of its first record. Returns only when every record is durable in the configured
+    /// sense; an `Err` entry means none of that entry's records were kept.
+    async fn append(&self, appends: Vec<ShardAppend>) -> Vec<Result<Seq, StoreError>>;
+
+    /// A reader of one shard that starts at `from` (clamped to what the log still holds).
+    async fn reader(&self, shard: u32, from: Seq) -> Result<Box<dyn ShardReader>, StoreError>;
+
+    /// The next sequence number the shard will give out; everything below it is durable.
+    /// Changes whenever a new record becomes durable.
+    fn tail(&self, shard: u32) -> watch::Receiver<Seq>;
+
+    /// Records below `seq` are no longer needed by anyone and may be deleted.
+    async fn release(&self, shard: u32, seq: Seq) -> Result<(), StoreError>;
+
+    /// Whether the log can take writes now.
+    fn healthy(&self) -> bool;
+}
+
+#[async_trait]
+pub trait ShardReader: Send {
+    /// Up to `max` durable records from the reader's position on; empty when it is at the tail.
+    async fn read(&mut self, max: usize) -> Result<Vec<Record>, StoreError>;
+}
+
+/// Where each subscription has got to in each shard (the next sequence number to deliver).
+#[async_trait]
+pub trait PositionStore: Send + Sync + 'static {
+    /// The latest position recorded for the subscription and shard, committed or not.
+    fn get(&self, subscription: &str, shard: u32) -> Option<Seq>;
+
+    /// The position as of the last successful `flush`: what a restart resumes from.
+    fn committed(&self, subscription: &str, shard: u32) -> Option<Seq>;
+
+    /// Records progress; it is made durable by the next `flush` (positions commit in batches).
+    fn set(&self, subscription: &str, shard: u32, next: Seq);
+
+    /// Makes every position set so far durable.
+    async fn flush(&self) -> Result<(), StoreError>;
+}

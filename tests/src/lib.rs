@@ -1,0 +1,1 @@
+//! The shared end-to-end test harness.
