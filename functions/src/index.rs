@@ -1,0 +1,590 @@
+//! All rules of a bus compiled into one matcher.
+//!
+//! In the manner of aws/event-ruler and Quamina, patterns are broken into field conditions
+//! keyed by field path. A trie of the paths the rules use guides a walk over the event, so
+//! only fields some rule looks at are visited. Every leaf found is looked up in its path's
+//! tables (hash maps for exact and case-folded values, hash maps probed per distinct length
+//! for prefixes and suffixes, a segment tree for numeric ranges), which yield the satisfied
+//! conditions. Each alternative of each pattern counts its satisfied conditions and matches
+//! when all are satisfied ("candidate counting"). The work per event grows with the number
+//! of fields visited and conditions satisfied, not with the number of rules.
+//!
+//! Operators that do not index well (wildcard, anything-but, cidr) are kept per path and
+//! tested only against leaves at that path; CESQL filters are evaluated one by one.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use cloudevents::Event;
+
+use crate::cesql::CesqlFilter;
+use crate::pattern::{Matcher, Pattern, Range, Scalar};
+use crate::view::{fold, with_attribute, Attr, EventView, Leaf, NumKey};
+
+type CondId = u32;
+
+/// Builds a [`RuleIndex`].
+#[derive(Debug, Default, Clone)]
+pub struct RuleIndexBuilder {
+    path_ids: HashMap<Vec<String>, u32>,
+    paths: Vec<Vec<String>>,
+    tables: Vec<TableBuilder>,
+    cond_owner: Vec<u32>,
+    alternatives: Vec<Alternative>,
+    match_all: Vec<usize>,
+    filters: Vec<(usize, CesqlFilter)>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct TableBuilder {
+    table: PathTable,
+    ranges: Vec<(Range, CondId)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Alternative {
+    rule_id: usize,
+    needed: u32,
+}
+
+/// Per-path lookup tables.
+#[derive(Debug, Default, Clone)]
+struct PathTable {
+    exact_str: HashMap<Box<str>, Vec<CondId>>,
+    exact_num: HashMap<NumKey, Vec<CondId>>,
+    exact_bool: [Vec<CondId>; 2],
+    exact_null: Vec<CondId>,
+    folded: HashMap<Box<str>, Vec<CondId>>,
+    prefix: AffixTable,
+    prefix_folded: AffixTable,
+    suffix: AffixTable,
+    suffix_folded: AffixTable,
+    numeric: NumericIndex,
+    exists: Vec<CondId>,
+    absent: Vec<CondId>,
+    other: Vec<(CondId, Matcher)>,
+    needs_fold: bool,
+}
+
+/// Prefixes (or suffixes) by value, probed once per distinct length.
+#[derive(Debug, Default, Clone)]
+struct AffixTable {
+    by_value: HashMap<Box<str>, Vec<CondId>>,
+    lengths: Vec<usize>,
+}
+
+impl AffixTable {
+    fn insert(&mut self, affix: &str, cond: CondId) {
+        self.by_value.entry(affix.into()).or_default().push(cond);
+        if let Err(at) = self.lengths.binary_search(&affix.len()) {
+            self.lengths.insert(at, affix.len());
+        }
+    }
+
+    fn lookup_prefixes(&self, s: &str, f: &mut impl FnMut(CondId)) {
+        for &len in &self.lengths {
+            if len > s.len() {
+                break;
+            }
+            if let Some(conds) = s.get(..len).and_then(|p| self.by_value.get(p)) {
+                conds.iter().for_each(|c| f(*c));
+            }
+        }
+    }
+
+    fn lookup_suffixes(&self, s: &str, f: &mut impl FnMut(CondId)) {
+        for &len in &self.lengths {
+            if len > s.len() {
+                break;
+            }
+            if let Some(conds) = s.get(s.len() - len..).and_then(|p| self.by_value.get(p)) {
+                conds.iter().for_each(|c| f(*c));
+            }
+        }
+    }
+}
+
+/// Static segment tree over the elementary intervals cut by all range endpoints; a stabbing
+/// query walks one root-to-leaf path, O(log n + matches).
+#[derive(Debug, Default, Clone)]
+struct NumericIndex {
+    points: Vec<f64>,
+    slots: usize,
+    tree: Vec<Vec<CondId>>,
+}
+
+impl NumericIndex {
+    fn build(ranges: &[(Range, CondId)]) -> NumericIndex {
+        if ranges.is_empty() {
+            return NumericIndex::default();
+        }
+        let mut points: Vec<f64> = ranges
+            .iter()
+            .flat_map(|(r, _)| r.lower.iter().chain(r.upper.iter()).map(|b| b.value))
+            .collect();
+        points.sort_by(f64::total_cmp);
+        points.dedup();
+        let slots = 2 * points.len() + 1;
+        let mut index = NumericIndex {
+            points,
+            slots,
+            tree: vec![Vec::new(); 4 * slots],
+        };
+        for (range, cond) in ranges {
+            let lo = match &range.lower {
+                None => Some(0),
+                Some(b) => {
+                    index
+                        .point(b.value)
+                        .map(|i| if b.inclusive { 2 * i + 1 } else { 2 * i + 2 })
+                }
+            };
+            let hi = match &range.upper {
+                None => Some(slots - 1),
+                Some(b) => index
+                    .point(b.value)
+                    .map(|i| if b.inclusive { 2 * i + 1 } else { 2 * i }),
+            };
+            if let (Some(lo), Some(hi)) = (lo, hi) {
+                if lo <= hi {
+                    index.insert(1, 0, slots - 1, lo, hi, *cond);
+                }
+            }
+        }
+        index
+    }
+
+    fn point(&self, v: f64) -> Option<usize> {
+        self.points.binary_search_by(|p| p.total_cmp(&v)).ok()
+    }
+
+    // Recursion depth is log2(slots), at most ~40.
+    fn insert(&mut self, node: usize, lo: usize, hi: usize, from: usize, to: usize, c: CondId) {
+        if to < lo || hi < from {
+            return;
+        }
+        if from <= lo && hi <= to {
+            if let Some(list) = self.tree.get_mut(node) {
+                list.push(c);
+            }
+            return;
+        }
+        let mid = (lo + hi) / 2;
+        self.insert(2 * node, lo, mid, from, to, c);
+        self.insert(2 * node + 1, mid + 1, hi, from, to, c);
+    }
+
+    fn query(&self, x: f64, f: &mut impl FnMut(CondId)) {
+        if self.slots == 0 || x.is_nan() {
+            return;
+        }
+        let i = self.points.partition_point(|p| *p < x);
+        let slot = if self.points.get(i) == Some(&x) {
+            2 * i + 1
+        } else {
+            2 * i
+        };
+        let (mut node, mut lo, mut hi) = (1, 0, self.slots - 1);
+        loop {
+            if let Some(list) = self.tree.get(node) {
+                list.iter().for_each(|c| f(*c));
+            }
+            if lo == hi {
+                break;
+            }
+            let mid = (lo + hi) / 2;
+            if slot <= mid {
+                node *= 2;
+                hi = mid;
+            } else {
+                node = 2 * node + 1;
+                lo = mid + 1;
+            }
+        }
+    }
+}
+
+impl RuleIndexBuilder {
+    /// Adds every alternative of a pattern under `rule_id`.
+    pub fn add_pattern(&mut self, rule_id: usize, pattern: &Pattern) -> &mut Self {
+        for alt in &pattern.alternatives {
+            if alt.conditions.is_empty() {
+                self.match_all.push(rule_id);
+                continue;
+            }
+            let alt_id = self.alternatives.len() as u32;
+            self.alternatives.push(Alternative {
+                rule_id,
+                needed: alt.conditions.len() as u32,
+            });
+            for cond in &alt.conditions {
+                let cond_id = self.cond_owner.len() as CondId;
+                self.cond_owner.push(alt_id);
+                let path_id = self.path_id(&cond.path);
+                let Some(tb) = self.tables.get_mut(path_id as usize) else {
+                    continue;
+                };
+                for m in &cond.matchers {
+                    tb.register(m, cond_id);
+                }
+            }
+        }
+        self
+    }
+
+    /// Adds a CESQL filter; filters are evaluated one by one.
+    pub fn add_filter(&mut self, rule_id: usize, filter: CesqlFilter) -> &mut Self {
+        self.filters.push((rule_id, filter));
+        self
+    }
+
+    /// Adds a rule that matches every event.
+    pub fn add_match_all(&mut self, rule_id: usize) -> &mut Self {
+        self.match_all.push(rule_id);
+        self
+    }
+
+    fn path_id(&mut self, path: &[String]) -> u32 {
+        if let Some(id) = self.path_ids.get(path) {
+            return *id;
+        }
+        let id = self.paths.len() as u32;
+        self.path_ids.insert(path.to_vec(), id);
+        self.paths.push(path.to_vec());
+        self.tables.push(TableBuilder::default());
+        id
+    }
+
+    /// Freezes the rules added so far into an index.
+    pub fn build(&self) -> RuleIndex {
+        let mut nodes = vec![Node::default()];
+        let mut top: Vec<(Attr, usize)> = Vec::new();
+        for (path_id, path) in self.paths.iter().enumerate() {
+            let Some((head, rest)) = path.split_first() else {
+                continue;
+            };
+            let attr = Attr::from_name(head);
+            let mut node = match top.iter().find(|(a, _)| *a == attr) {
+                Some((_, n)) => *n,
+                None => {
+                    nodes.push(Node::default());
+                    top.push((attr, nodes.len() - 1));
+                    nodes.len() - 1
+                }
+            };
+            for key in rest {
+                let existing = nodes
+                    .get(node)
+                    .and_then(|n| n.children.iter().find(|(k, _)| k == key).map(|(_, c)| *c));
+                node = match existing {
+                    Some(c) => c,
+                    None => {
+                        nodes.push(Node::default());
+                        let child = nodes.len() - 1;
+                        if let Some(n) = nodes.get_mut(node) {
+                            n.children.push((key.clone(), child));
+                        }
+                        child
+                    }
+                };
+            }
+            if let Some(n) = nodes.get_mut(node) {
+                n.path_id = Some(path_id as u32);
+            }
+        }
+        let tables: Vec<PathTable> = self
+            .tables
+            .iter()
+            .map(|tb| {
+                let mut t = tb.table.clone();
+                t.numeric = NumericIndex::build(&tb.ranges);
+                t
+            })
+            .collect();
+        let absent = tables
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !t.absent.is_empty())
+            .map(|(p, _)| p as u32)
+            .collect();
+        let mut match_all = self.match_all.clone();
+        match_all.sort_unstable();
+        match_all.dedup();
+        RuleIndex {
+            top,
+            nodes,
+            tables,
+            absent,
+            cond_owner: self.cond_owner.clone(),
+            alternatives: self.alternatives.clone(),
+            match_all,
+            filters: self.filters.clone(),
+        }
+    }
+}
+
+impl TableBuilder {
+    fn register(&mut self, m: &Matcher, c: CondId) {
+        let t = &mut self.table;
+        match m {
+            Matcher::Exact(Scalar::Str(s)) => {
+                t.exact_str.entry(s.as_str().into()).or_default().push(c)
+            }
+            Matcher::Exact(Scalar::Num(k)) => t.exact_num.entry(*k).or_default().push(c),
+            Matcher::Exact(Scalar::Bool(b)) => t.exact_bool[usize::from(*b)].push(c),
+            Matcher::Exact(Scalar::Null) => t.exact_null.push(c),
+            Matcher::Prefix(p) => t.prefix.insert(p, c),
+            Matcher::Suffix(p) => t.suffix.insert(p, c),
+            Matcher::PrefixIgnoreCase(p) => {
+                t.needs_fold = true;
+                t.prefix_folded.insert(p, c)
+            }
+            Matcher::SuffixIgnoreCase(p) => {
+                t.needs_fold = true;
+                t.suffix_folded.insert(p, c)
+            }
+            Matcher::EqualsIgnoreCase(v) => {
+                t.needs_fold = true;
+                t.folded.entry(v.as_str().into()).or_default().push(c)
+            }
+            Matcher::Numeric(r) => self.ranges.push((r.clone(), c)),
+            Matcher::Exists(true) => t.exists.push(c),
+            Matcher::Exists(false) => t.absent.push(c),
+            other => t.other.push((c, other.clone())),
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+struct Node {
+    path_id: Option<u32>,
+    children: Vec<(String, usize)>,
+}
+
+/// The compiled matcher over all rules of a bus.
+#[derive(Debug, Clone)]
+pub struct RuleIndex {
+    top: Vec<(Attr, usize)>,
+    nodes: Vec<Node>,
+    tables: Vec<PathTable>,
+    absent: Vec<u32>,
+    cond_owner: Vec<u32>,
+    alternatives: Vec<Alternative>,
+    match_all: Vec<usize>,
+    filters: Vec<(usize, CesqlFilter)>,
+}
+
+#[derive(Default)]
+struct Scratch {
+    epoch: u32,
+    cond: Vec<u32>,
+    alt: Vec<u32>,
+    count: Vec<u32>,
+    path: Vec<u32>,
+}
+
+impl Scratch {
+    fn begin(&mut self, conds: usize, alts: usize, paths: usize) {
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.cond.fill(0);
+            self.alt.fill(0);
+            self.path.fill(0);
+            self.epoch = 1;
+        }
+        if self.cond.len() < conds {
+            self.cond.resize(conds, 0);
+        }
+        if self.alt.len() < alts {
+            self.alt.resize(alts, 0);
+            self.count.resize(alts, 0);
+        }
+        if self.path.len() < paths {
+            self.path.resize(paths, 0);
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+struct Run<'i, 's> {
+    index: &'i RuleIndex,
+    scratch: &'s mut Scratch,
+    out: &'s mut Vec<usize>,
+}
+
+impl Run<'_, '_> {
+    fn satisfy(&mut self, c: CondId) {
+        let epoch = self.scratch.epoch;
+        let Some(stamp) = self.scratch.cond.get_mut(c as usize) else {
+            return;
+        };
+        if *stamp == epoch {
+            return;
+        }
+        *stamp = epoch;
+        let Some(&alt) = self.index.cond_owner.get(c as usize) else {
+            return;
+        };
+        let a = alt as usize;
+        let (Some(stamp), Some(count)) =
+            (self.scratch.alt.get_mut(a), self.scratch.count.get_mut(a))
+        else {
+            return;
+        };
+        if *stamp != epoch {
+            *stamp = epoch;
+            *count = 0;
+        }
+        *count += 1;
+        if let Some(alt) = self.index.alternatives.get(a) {
+            if *count == alt.needed {
+                self.out.push(alt.rule_id);
+            }
+        }
+    }
+
+    fn leaf(&mut self, path_id: u32, leaf: Leaf<'_>) {
+        let index = self.index;
+        let Some(t) = index.tables.get(path_id as usize) else {
+            return;
+        };
+        let epoch = self.scratch.epoch;
+        if let Some(seen) = self.scratch.path.get_mut(path_id as usize) {
+            if *seen != epoch {
+                *seen = epoch;
+                t.exists.iter().for_each(|c| self.satisfy(*c));
+            }
+        }
+        let mut hit = |c: CondId| self.satisfy(c);
+        match leaf {
+            Leaf::Str(s) => {
+                if let Some(cs) = t.exact_str.get(s) {
+                    cs.iter().for_each(|c| hit(*c));
+                }
+                t.prefix.lookup_prefixes(s, &mut hit);
+                t.suffix.lookup_suffixes(s, &mut hit);
+                if t.needs_fold {
+                    let f = fold(s);
+                    if let Some(cs) = t.folded.get(f.as_str()) {
+                        cs.iter().for_each(|c| hit(*c));
+                    }
+                    t.prefix_folded.lookup_prefixes(&f, &mut hit);
+                    t.suffix_folded.lookup_suffixes(&f, &mut hit);
+                }
+            }
+            Leaf::Num(n) => {
+                if let Some(cs) = t.exact_num.get(&n.key) {
+                    cs.iter().for_each(|c| hit(*c));
+                }
+                t.numeric.query(n.f, &mut hit);
+            }
+            Leaf::Bool(b) => t.exact_bool[usize::from(b)].iter().for_each(|c| hit(*c)),
+            Leaf::Null => t.exact_null.iter().for_each(|c| hit(*c)),
+        }
+        for (c, m) in &t.other {
+            if m.test(leaf) {
+                hit(*c);
+            }
+        }
+    }
+
+    fn walk(&mut self, view: &EventView<'_>) {
+        let index = self.index;
+        for (attr, node) in &index.top {
+            let Some(n) = index.nodes.get(*node) else {
+                continue;
+            };
+            if *attr == Attr::Data {
+                if let Some(data) = view.data.as_deref() {
+                    self.walk_json(data, *node);
+                }
+            } else if let Some(p) = n.path_id {
+                with_attribute(view.event, attr, &mut |leaf| self.leaf(p, leaf));
+            }
+        }
+    }
+
+    fn walk_json(&mut self, root: &serde_json::Value, node: usize) {
+        use serde_json::Value;
+        let index = self.index;
+        let mut stack = vec![(root, node)];
+        while let Some((v, node)) = stack.pop() {
+            let Some(n) = index.nodes.get(node) else {
+                continue;
+            };
+            match v {
+                Value::Array(items) => stack.extend(items.iter().map(|i| (i, node))),
+                Value::Object(map) => {
+                    for (key, child) in &n.children {
+                        if let Some(cv) = map.get(key) {
+                            stack.push((cv, *child));
+                        }
+                    }
+                }
+                scalar => {
+                    if let (Some(p), Some(leaf)) = (n.path_id, Leaf::from_json(scalar)) {
+                        self.leaf(p, leaf);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl RuleIndex {
+    /// Starts an empty builder.
+    pub fn builder() -> RuleIndexBuilder {
+        RuleIndexBuilder::default()
+    }
+
+    /// Number of distinct rule ids... of match-all rules, pattern alternatives and filters.
+    pub fn is_empty(&self) -> bool {
+        self.alternatives.is_empty() && self.match_all.is_empty() && self.filters.is_empty()
+    }
+
+    /// Clears `out` and fills it with the ids of the rules the event matches, sorted and
+    /// deduplicated.
+    pub fn matches(&self, event: &Event, out: &mut Vec<usize>) {
+        out.clear();
+        out.extend_from_slice(&self.match_all);
+        if !self.alternatives.is_empty() {
+            let view = EventView::new(event);
+            SCRATCH.with(|cell| match cell.try_borrow_mut() {
+                Ok(mut scratch) => self.run(&view, &mut scratch, out),
+                Err(_) => self.run(&view, &mut Scratch::default(), out),
+            });
+        }
+        for (rule_id, filter) in &self.filters {
+            if filter.matches(event) {
+                out.push(*rule_id);
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+    }
+
+    fn run(&self, view: &EventView<'_>, scratch: &mut Scratch, out: &mut Vec<usize>) {
+        scratch.begin(
+            self.cond_owner.len(),
+            self.alternatives.len(),
+            self.tables.len(),
+        );
+        let mut run = Run {
+            index: self,
+            scratch,
+            out,
+        };
+        run.walk(view);
+        for p in &self.absent {
+            let seen = run.scratch.path.get(*p as usize).copied() == Some(run.scratch.epoch);
+            if !seen {
+                if let Some(t) = self.tables.get(*p as usize) {
+                    t.absent.iter().for_each(|c| run.satisfy(*c));
+                }
+            }
+        }
+    }
+}
