@@ -848,32 +848,38 @@ fn parse_bool(s: &str) -> Option<bool> {
     }
 }
 
-fn to_int(v: CesqlValue, errors: &mut Vec<EvalError>) -> i32 {
-    match v {
-        CesqlValue::Integer(i) => i,
-        CesqlValue::String(ref s) => parse_int(s).unwrap_or_else(|| {
-            errors.push(cast_error(&v, "Integer"));
-            0
-        }),
-        CesqlValue::Boolean(_) => {
-            errors.push(cast_error(&v, "Integer"));
-            0
-        }
+/// Casts to Integer; `None` (after recording the error) when the cast fails.
+fn try_int(v: CesqlValue, errors: &mut Vec<EvalError>) -> Option<i32> {
+    let r = match &v {
+        CesqlValue::Integer(i) => Some(*i),
+        CesqlValue::String(s) => parse_int(s),
+        CesqlValue::Boolean(_) => None,
+    };
+    if r.is_none() {
+        errors.push(cast_error(&v, "Integer"));
     }
+    r
+}
+
+/// Casts to Boolean; `None` (after recording the error) when the cast fails.
+fn try_bool(v: CesqlValue, errors: &mut Vec<EvalError>) -> Option<bool> {
+    let r = match &v {
+        CesqlValue::Boolean(b) => Some(*b),
+        CesqlValue::String(s) => parse_bool(s),
+        CesqlValue::Integer(_) => None,
+    };
+    if r.is_none() {
+        errors.push(cast_error(&v, "Boolean"));
+    }
+    r
+}
+
+fn to_int(v: CesqlValue, errors: &mut Vec<EvalError>) -> i32 {
+    try_int(v, errors).unwrap_or(0)
 }
 
 fn to_bool(v: CesqlValue, errors: &mut Vec<EvalError>) -> bool {
-    match v {
-        CesqlValue::Boolean(b) => b,
-        CesqlValue::String(ref s) => parse_bool(s).unwrap_or_else(|| {
-            errors.push(cast_error(&v, "Boolean"));
-            false
-        }),
-        CesqlValue::Integer(_) => {
-            errors.push(cast_error(&v, "Boolean"));
-            false
-        }
-    }
+    try_bool(v, errors).unwrap_or(false)
 }
 
 fn to_string(v: CesqlValue) -> String {
@@ -884,12 +890,12 @@ fn to_string(v: CesqlValue) -> String {
 }
 
 /// Casts `v` to the type of `like`.
-fn cast_like(v: CesqlValue, like: &CesqlValue, errors: &mut Vec<EvalError>) -> CesqlValue {
-    match like {
-        CesqlValue::Boolean(_) => CesqlValue::Boolean(to_bool(v, errors)),
-        CesqlValue::Integer(_) => CesqlValue::Integer(to_int(v, errors)),
+fn cast_like(v: CesqlValue, like: &CesqlValue, errors: &mut Vec<EvalError>) -> Option<CesqlValue> {
+    Some(match like {
+        CesqlValue::Boolean(_) => CesqlValue::Boolean(try_bool(v, errors)?),
+        CesqlValue::Integer(_) => CesqlValue::Integer(try_int(v, errors)?),
         CesqlValue::String(_) => CesqlValue::String(to_string(v)),
-    }
+    })
 }
 
 fn eval(e: &Expr, event: &Event, errors: &mut Vec<EvalError>) -> CesqlValue {
@@ -902,11 +908,13 @@ fn eval(e: &Expr, event: &Event, errors: &mut Vec<EvalError>) -> CesqlValue {
         Expr::Exists(name) => CesqlValue::Boolean(attribute_value(event, name).is_some()),
         Expr::Not(inner) => {
             let v = eval(inner, event, errors);
-            CesqlValue::Boolean(!to_bool(v, errors))
+            CesqlValue::Boolean(try_bool(v, errors).is_some_and(|b| !b))
         }
         Expr::Neg(inner) => {
             let v = eval(inner, event, errors);
-            let i = to_int(v, errors);
+            let Some(i) = try_int(v, errors) else {
+                return CesqlValue::Integer(0);
+            };
             CesqlValue::Integer(i.checked_neg().unwrap_or_else(|| {
                 errors.push(EvalError::Overflow("unary minus"));
                 i32::MAX
@@ -936,9 +944,14 @@ fn eval(e: &Expr, event: &Event, errors: &mut Vec<EvalError>) -> CesqlValue {
             let mut found = false;
             for item in set {
                 let v = eval(item, event, errors);
-                if cast_like(v, &x, errors) == x {
-                    found = true;
-                    break;
+                match cast_like(v, &x, errors) {
+                    Some(v) if v == x => {
+                        found = true;
+                        break;
+                    }
+                    Some(_) => {}
+                    // A failed cast yields the zero value of the operator: false.
+                    None => return CesqlValue::Boolean(false),
                 }
             }
             CesqlValue::Boolean(found != *negated)
@@ -947,6 +960,8 @@ fn eval(e: &Expr, event: &Event, errors: &mut Vec<EvalError>) -> CesqlValue {
     }
 }
 
+/// One step of a chain. When an operand cannot be cast, the result is the zero value of
+/// the operator's return type (false or 0), as the spec requires.
 fn binary(
     op: BinOp,
     left: CesqlValue,
@@ -956,29 +971,40 @@ fn binary(
 ) -> CesqlValue {
     match op {
         BinOp::And | BinOp::Or => {
-            let l = to_bool(left, errors);
+            let Some(l) = try_bool(left, errors) else {
+                return CesqlValue::Boolean(false);
+            };
             // Short-circuit: the right operand is not evaluated (and raises no errors).
             if (op == BinOp::And && !l) || (op == BinOp::Or && l) {
                 return CesqlValue::Boolean(l);
             }
             let r = eval(right, event, errors);
-            CesqlValue::Boolean(to_bool(r, errors))
+            CesqlValue::Boolean(try_bool(r, errors).unwrap_or(false))
         }
         BinOp::Xor => {
-            let l = to_bool(left, errors);
+            let l = try_bool(left, errors);
             let r = eval(right, event, errors);
-            CesqlValue::Boolean(l != to_bool(r, errors))
+            let r = try_bool(r, errors);
+            CesqlValue::Boolean(matches!((l, r), (Some(l), Some(r)) if l != r))
         }
         BinOp::Eq | BinOp::Ne => {
             let r = eval(right, event, errors);
-            let l = cast_like(left, &r, errors);
-            CesqlValue::Boolean((l == r) == (op == BinOp::Eq))
+            match cast_like(left, &r, errors) {
+                Some(l) => CesqlValue::Boolean((l == r) == (op == BinOp::Eq)),
+                None => CesqlValue::Boolean(false),
+            }
         }
         _ => {
-            let l = to_int(left, errors);
+            let l = try_int(left, errors);
             let r = eval(right, event, errors);
-            let r = to_int(r, errors);
-            arithmetic(op, l, r, errors)
+            let r = try_int(r, errors);
+            match (l, r) {
+                (Some(l), Some(r)) => arithmetic(op, l, r, errors),
+                _ if matches!(op, BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge) => {
+                    CesqlValue::Boolean(false)
+                }
+                _ => CesqlValue::Integer(0),
+            }
         }
     }
 }
@@ -1044,7 +1070,9 @@ fn call(f: Func, args: &[Expr], event: &Event, errors: &mut Vec<EvalError>) -> C
         Func::Trim => CesqlValue::String(to_string(next()).trim().to_owned()),
         Func::Left | Func::Right => {
             let s = to_string(next());
-            let n = to_int(next(), errors);
+            let Some(n) = try_int(next(), errors) else {
+                return CesqlValue::String(String::new());
+            };
             if n < 0 {
                 fail(errors, format!("negative length {n}"));
                 return CesqlValue::String(s);
@@ -1060,9 +1088,14 @@ fn call(f: Func, args: &[Expr], event: &Event, errors: &mut Vec<EvalError>) -> C
         }
         Func::Substring => {
             let s = to_string(next());
-            let pos = to_int(next(), errors);
+            let Some(pos) = try_int(next(), errors) else {
+                return CesqlValue::String(String::new());
+            };
             let take = if args.len() == 3 {
-                Some(to_int(next(), errors))
+                match try_int(next(), errors) {
+                    Some(t) => Some(t),
+                    None => return CesqlValue::String(String::new()),
+                }
             } else {
                 None
             };
@@ -1074,7 +1107,9 @@ fn call(f: Func, args: &[Expr], event: &Event, errors: &mut Vec<EvalError>) -> C
                 })
         }
         Func::Abs => {
-            let i = to_int(next(), errors);
+            let Some(i) = try_int(next(), errors) else {
+                return CesqlValue::Integer(0);
+            };
             CesqlValue::Integer(i.checked_abs().unwrap_or_else(|| {
                 errors.push(EvalError::Overflow("ABS"));
                 i32::MAX
