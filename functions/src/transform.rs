@@ -1,0 +1,605 @@
+//! Transform chains, in the style of the EventBridge / RocketMQ EventBridge input
+//! transformer. A chain is a list of steps applied in order to an event:
+//!
+//! - event steps (`ORIGINAL`, `SET_ATTRIBUTES`, `REMOVE_ATTRIBUTES`, `RENAME_ATTRIBUTES`,
+//!   `MAP_DATA`) turn the event into a new event;
+//! - body steps (`CONSTANT`, `JSONPATH`, `TEMPLATE`) render a raw body for the target and
+//!   must come last, unless they carry `"into": "data"`, in which case their result becomes
+//!   the event's data and the chain goes on.
+//!
+//! JSONPath expressions and templates read the event in CloudEvents structured JSON form
+//! (attributes plus `data`, with a JSON payload parsed). Everything is compiled up front;
+//! applying a chain never panics and reports a failure as that event's error.
+
+use cloudevents::{AttributesReader, Event};
+use jsonpath_rust::parser::model::JpQuery;
+use jsonpath_rust::parser::parse_json_path;
+use jsonpath_rust::query::js_path_process;
+use serde_json::{Map, Value};
+
+use crate::template::Template;
+use crate::view::{data_json, is_attribute_name};
+
+/// What a chain produces for one event.
+#[derive(Debug, Clone, PartialEq)]
+// Unboxed on purpose: the common case is the event, and callers match on it directly.
+#[allow(clippy::large_enum_variant)]
+pub enum Output {
+    /// A new CloudEvent.
+    Event(Event),
+    /// A raw body for the target.
+    Body {
+        content_type: String,
+        bytes: Vec<u8>,
+    },
+}
+
+/// A chain that could not be compiled, or that failed on one event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransformError {
+    #[error("invalid transform at step {step}: {message}")]
+    Invalid { step: usize, message: String },
+    #[error("transform step {step} ({form}) failed on event `{event_id}`: {message}")]
+    Apply {
+        step: usize,
+        form: &'static str,
+        event_id: String,
+        message: String,
+    },
+}
+
+/// A compiled transform chain.
+#[derive(Debug, Clone)]
+pub struct TransformChain {
+    steps: Vec<Step>,
+}
+
+#[derive(Debug, Clone)]
+struct JsonPath {
+    source: String,
+    query: JpQuery,
+}
+
+impl JsonPath {
+    fn compile(s: &str) -> Result<JsonPath, String> {
+        if !s.starts_with('$') {
+            return Err(format!("`{s}` is not a JSONPath (it must start with `$`)"));
+        }
+        let query = parse_json_path(s).map_err(|e| format!("invalid JSONPath `{s}`: {e}"))?;
+        Ok(JsonPath {
+            source: s.to_owned(),
+            query,
+        })
+    }
+
+    /// One match gives its value, several an array of them, none `None`.
+    fn select(&self, doc: &Value) -> Result<Option<Value>, String> {
+        let refs = js_path_process(&self.query, doc)
+            .map_err(|e| format!("JSONPath `{}` failed: {e}", self.source))?;
+        let mut values: Vec<Value> = refs.into_iter().map(|r| r.val().clone()).collect();
+        Ok(match values.len() {
+            0 => None,
+            1 => values.pop(),
+            _ => Some(Value::Array(values)),
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Source {
+    Const(Value),
+    Path(JsonPath),
+}
+
+impl Source {
+    fn resolve(&self, doc: &Value) -> Result<Option<Value>, String> {
+        match self {
+            Source::Const(v) => Ok(Some(v.clone())),
+            Source::Path(p) => p.select(doc),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Original,
+    Constant {
+        value: Value,
+        into_data: bool,
+    },
+    JsonPath {
+        path: JsonPath,
+        into_data: bool,
+    },
+    Template {
+        vars: Vec<JsonPath>,
+        template: Template,
+        into_data: bool,
+    },
+    SetAttributes(Vec<(String, Source)>),
+    RemoveAttributes(Vec<String>),
+    RenameAttributes(Vec<(String, String)>),
+    MapData {
+        fields: Vec<(Vec<String>, Source)>,
+        keep: bool,
+        remove: Vec<Vec<String>>,
+    },
+}
+
+impl Step {
+    fn form(&self) -> &'static str {
+        match self {
+            Step::Original => "ORIGINAL",
+            Step::Constant { .. } => "CONSTANT",
+            Step::JsonPath { .. } => "JSONPATH",
+            Step::Template { .. } => "TEMPLATE",
+            Step::SetAttributes(_) => "SET_ATTRIBUTES",
+            Step::RemoveAttributes(_) => "REMOVE_ATTRIBUTES",
+            Step::RenameAttributes(_) => "RENAME_ATTRIBUTES",
+            Step::MapData { .. } => "MAP_DATA",
+        }
+    }
+
+    fn renders_body(&self) -> bool {
+        match self {
+            Step::Constant { into_data, .. }
+            | Step::JsonPath { into_data, .. }
+            | Step::Template { into_data, .. } => !into_data,
+            _ => false,
+        }
+    }
+}
+
+const REQUIRED: [&str; 4] = ["id", "source", "type", "specversion"];
+const NOT_ATTRIBUTES: [&str; 2] = ["data", "data_base64"];
+
+impl TransformChain {
+    /// Compiles a chain: a JSON array of steps, or one step object.
+    pub fn compile(spec: &Value) -> Result<TransformChain, TransformError> {
+        let items: Vec<&Value> = match spec {
+            Value::Array(items) => items.iter().collect(),
+            Value::Object(_) => vec![spec],
+            _ => {
+                return Err(TransformError::Invalid {
+                    step: 0,
+                    message: "a transform is a step object or an array of steps".into(),
+                })
+            }
+        };
+        let mut steps = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let step = compile_step(item)
+                .map_err(|message| TransformError::Invalid { step: i, message })?;
+            steps.push(step);
+        }
+        if let Some(pos) = steps.iter().position(Step::renders_body) {
+            if pos + 1 != steps.len() {
+                return Err(TransformError::Invalid {
+                    step: pos,
+                    message: format!(
+                        "{} renders the body and must be the last step (or add \"into\": \"data\")",
+                        steps.get(pos).map_or("step", Step::form)
+                    ),
+                });
+            }
+        }
+        Ok(TransformChain { steps })
+    }
+
+    /// Applies the chain to one event.
+    pub fn apply(&self, event: &Event) -> Result<Output, TransformError> {
+        let mut current = event.clone();
+        for (i, step) in self.steps.iter().enumerate() {
+            let fail = |message: String| TransformError::Apply {
+                step: i,
+                form: step.form(),
+                event_id: event.id().to_owned(),
+                message,
+            };
+            match apply_step(step, current).map_err(fail)? {
+                Output::Event(next) => current = next,
+                body => return Ok(body),
+            }
+        }
+        Ok(Output::Event(current))
+    }
+}
+
+fn compile_step(v: &Value) -> Result<Step, String> {
+    let Value::Object(obj) = v else {
+        return Err("a step must be an object with a `form`".into());
+    };
+    let form = obj
+        .get("form")
+        .and_then(Value::as_str)
+        .ok_or("a step needs a string `form`")?;
+    let allowed: &[&str] = match form {
+        "ORIGINAL" => &[],
+        "CONSTANT" | "JSONPATH" => &["value", "into"],
+        "TEMPLATE" => &["value", "template", "into"],
+        "SET_ATTRIBUTES" | "REMOVE_ATTRIBUTES" | "RENAME_ATTRIBUTES" => &["attributes"],
+        "MAP_DATA" => &["fields", "keep", "remove"],
+        other => {
+            return Err(format!(
+                "unknown form `{other}` (expected ORIGINAL, CONSTANT, JSONPATH, TEMPLATE, \
+                 SET_ATTRIBUTES, REMOVE_ATTRIBUTES, RENAME_ATTRIBUTES or MAP_DATA)"
+            ))
+        }
+    };
+    if let Some(k) = obj
+        .keys()
+        .find(|k| *k != "form" && !allowed.contains(&k.as_str()))
+    {
+        return Err(format!("unknown field `{k}` for form {form}"));
+    }
+    let into_data = match obj.get("into") {
+        None => false,
+        Some(Value::String(s)) if s == "data" => true,
+        Some(_) => return Err("`into` only accepts \"data\"".into()),
+    };
+    let field = |name: &str| obj.get(name).ok_or(format!("{form} needs `{name}`"));
+    Ok(match form {
+        "ORIGINAL" => Step::Original,
+        "CONSTANT" => Step::Constant {
+            value: field("value")?.clone(),
+            into_data,
+        },
+        "JSONPATH" => Step::JsonPath {
+            path: JsonPath::compile(
+                field("value")?
+                    .as_str()
+                    .ok_or("JSONPATH `value` must be a JSONPath string")?,
+            )?,
+            into_data,
+        },
+        "TEMPLATE" => {
+            let Value::Object(vars) = field("value")? else {
+                return Err("TEMPLATE `value` must map variable names to JSONPaths".into());
+            };
+            let mut names = Vec::new();
+            let mut paths = Vec::new();
+            for (name, path) in vars {
+                let p = path
+                    .as_str()
+                    .ok_or(format!("variable `{name}` must be a JSONPath string"))?;
+                names.push(name.clone());
+                paths.push(JsonPath::compile(p)?);
+            }
+            let text = field("template")?
+                .as_str()
+                .ok_or("TEMPLATE `template` must be a string")?;
+            Step::Template {
+                vars: paths,
+                template: Template::parse(text, &names)?,
+                into_data,
+            }
+        }
+        "SET_ATTRIBUTES" => {
+            let Value::Object(attrs) = field("attributes")? else {
+                return Err("`attributes` must be an object of name: value".into());
+            };
+            let mut out = Vec::new();
+            for (name, value) in attrs {
+                check_attribute_name(name)?;
+                if name == "specversion" {
+                    return Err("`specversion` cannot be set".into());
+                }
+                out.push((name.clone(), source(value, name)?));
+            }
+            Step::SetAttributes(out)
+        }
+        "REMOVE_ATTRIBUTES" => {
+            let Value::Array(names) = field("attributes")? else {
+                return Err("`attributes` must be an array of names".into());
+            };
+            let mut out = Vec::new();
+            for n in names {
+                let n = n.as_str().ok_or("attribute names must be strings")?;
+                check_attribute_name(n)?;
+                if REQUIRED.contains(&n) {
+                    return Err(format!("`{n}` is required and cannot be removed"));
+                }
+                out.push(n.to_owned());
+            }
+            Step::RemoveAttributes(out)
+        }
+        "RENAME_ATTRIBUTES" => {
+            let Value::Object(map) = field("attributes")? else {
+                return Err("`attributes` must be an object of old: new".into());
+            };
+            let mut out = Vec::new();
+            for (from, to) in map {
+                let to = to.as_str().ok_or("new attribute names must be strings")?;
+                check_attribute_name(from)?;
+                check_attribute_name(to)?;
+                if REQUIRED.contains(&from.as_str()) || to == "specversion" {
+                    return Err(format!("`{from}` cannot be renamed to `{to}`"));
+                }
+                out.push((from.clone(), to.to_owned()));
+            }
+            Step::RenameAttributes(out)
+        }
+        _ => {
+            let Value::Object(fields) = field("fields")? else {
+                return Err("MAP_DATA `fields` must map target paths to sources".into());
+            };
+            let mut out = Vec::new();
+            for (target, src) in fields {
+                out.push((dotted(target)?, source(src, target)?));
+            }
+            let keep = match obj.get("keep") {
+                None => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err("`keep` must be true or false".into()),
+            };
+            let remove = match obj.get("remove") {
+                None => Vec::new(),
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .map(|i| {
+                        i.as_str()
+                            .ok_or("`remove` holds paths".to_owned())
+                            .and_then(dotted)
+                    })
+                    .collect::<Result<_, _>>()?,
+                Some(_) => return Err("`remove` must be an array of paths".into()),
+            };
+            Step::MapData {
+                fields: out,
+                keep,
+                remove,
+            }
+        }
+    })
+}
+
+fn check_attribute_name(name: &str) -> Result<(), String> {
+    if !is_attribute_name(name) || NOT_ATTRIBUTES.contains(&name) {
+        return Err(format!(
+            "`{name}` is not an attribute name (lowercase a-z and 0-9; use MAP_DATA for data)"
+        ));
+    }
+    Ok(())
+}
+
+/// A string starting with `$` is a JSONPath; `{"value": x}` is the constant `x`; any other
+/// scalar is a constant.
+fn source(v: &Value, name: &str) -> Result<Source, String> {
+    match v {
+        Value::String(s) if s.starts_with('$') => Ok(Source::Path(JsonPath::compile(s)?)),
+        Value::Object(o) if o.len() == 1 && o.contains_key("value") => Ok(Source::Const(
+            o.get("value").cloned().unwrap_or(Value::Null),
+        )),
+        Value::Object(_) | Value::Array(_) => Err(format!(
+            "`{name}`: use a JSONPath string, a scalar, or {{\"value\": constant}}"
+        )),
+        scalar => Ok(Source::Const(scalar.clone())),
+    }
+}
+
+fn dotted(path: &str) -> Result<Vec<String>, String> {
+    let segs: Vec<String> = path.split('.').map(str::to_owned).collect();
+    if segs.iter().any(String::is_empty) {
+        return Err(format!("`{path}` is not a dotted field path like `a.b.c`"));
+    }
+    Ok(segs)
+}
+
+/// The event in structured JSON form, with a JSON payload parsed into `data`.
+pub(crate) fn structured(event: &Event) -> Result<Value, String> {
+    let mut v = serde_json::to_value(event).map_err(|e| format!("cannot serialize event: {e}"))?;
+    if let (Some(obj), Some(data)) = (v.as_object_mut(), data_json(event)) {
+        obj.remove("data_base64");
+        obj.insert("data".into(), data.into_owned());
+    }
+    Ok(v)
+}
+
+fn body(value: &Value) -> Output {
+    match value {
+        Value::String(s) => Output::Body {
+            content_type: "text/plain; charset=utf-8".into(),
+            bytes: s.as_bytes().to_vec(),
+        },
+        other => Output::Body {
+            content_type: "application/json".into(),
+            bytes: other.to_string().into_bytes(),
+        },
+    }
+}
+
+fn with_json_data(mut event: Event, value: Value) -> Event {
+    event.set_data("application/json", value);
+    event
+}
+
+fn apply_step(step: &Step, event: Event) -> Result<Output, String> {
+    match step {
+        Step::Original => Ok(Output::Event(event)),
+        Step::Constant { value, into_data } => Ok(if *into_data {
+            Output::Event(with_json_data(event, value.clone()))
+        } else {
+            body(value)
+        }),
+        Step::JsonPath { path, into_data } => {
+            let doc = structured(&event)?;
+            let value = path
+                .select(&doc)?
+                .ok_or_else(|| format!("JSONPath `{}` matched nothing", path.source))?;
+            Ok(if *into_data {
+                Output::Event(with_json_data(event, value))
+            } else {
+                body(&value)
+            })
+        }
+        Step::Template {
+            vars,
+            template,
+            into_data,
+        } => {
+            let doc = structured(&event)?;
+            let values = vars
+                .iter()
+                .map(|p| p.select(&doc))
+                .collect::<Result<Vec<_>, _>>()?;
+            let rendered = template.render(&values)?;
+            match (*into_data, rendered.json) {
+                (true, true) => {
+                    let v: Value = serde_json::from_str(&rendered.text)
+                        .map_err(|e| format!("template output is not JSON: {e}"))?;
+                    Ok(Output::Event(with_json_data(event, v)))
+                }
+                (true, false) => {
+                    let mut event = event;
+                    event.set_data("text/plain", rendered.text);
+                    Ok(Output::Event(event))
+                }
+                (false, true) => Ok(Output::Body {
+                    content_type: "application/json".into(),
+                    bytes: rendered.text.into_bytes(),
+                }),
+                (false, false) => Ok(Output::Body {
+                    content_type: "text/plain; charset=utf-8".into(),
+                    bytes: rendered.text.into_bytes(),
+                }),
+            }
+        }
+        Step::SetAttributes(attrs) => {
+            let doc = structured(&event)?;
+            let mut resolved = Vec::with_capacity(attrs.len());
+            for (name, src) in attrs {
+                if let Some(v) = src.resolve(&doc)? {
+                    resolved.push((name, attribute_json(name, v)?));
+                }
+            }
+            edit_attributes(&event, |obj| {
+                for (name, v) in resolved {
+                    obj.insert(name.clone(), v);
+                }
+            })
+            .map(Output::Event)
+        }
+        Step::RemoveAttributes(names) => edit_attributes(&event, |obj| {
+            for n in names {
+                obj.remove(n);
+            }
+        })
+        .map(Output::Event),
+        Step::RenameAttributes(pairs) => edit_attributes(&event, |obj| {
+            for (from, to) in pairs {
+                if let Some(v) = obj.remove(from) {
+                    obj.insert(to.clone(), v);
+                }
+            }
+        })
+        .map(Output::Event),
+        Step::MapData {
+            fields,
+            keep,
+            remove,
+        } => {
+            let doc = structured(&event)?;
+            let mut data = match (keep, doc.get("data")) {
+                (true, Some(Value::Object(m))) => m.clone(),
+                (true, Some(Value::Null) | None) | (false, _) => Map::new(),
+                (true, Some(_)) => {
+                    return Err("MAP_DATA with keep needs a JSON object as data".into())
+                }
+            };
+            for path in remove {
+                remove_path(&mut data, path);
+            }
+            for (target, src) in fields {
+                if let Some(v) = src.resolve(&doc)? {
+                    set_path(&mut data, target, v)?;
+                }
+            }
+            Ok(Output::Event(with_json_data(event, Value::Object(data))))
+        }
+    }
+}
+
+const STRING_ATTRIBUTES: [&str; 7] = [
+    "id",
+    "source",
+    "type",
+    "subject",
+    "time",
+    "datacontenttype",
+    "dataschema",
+];
+
+/// Attribute values are strings, integers or booleans; the core attributes are strings, so
+/// a number or boolean taken by JSONPath is written as its text.
+fn attribute_json(name: &str, v: Value) -> Result<Value, String> {
+    if STRING_ATTRIBUTES.contains(&name) {
+        return match v {
+            Value::String(_) => Ok(v),
+            Value::Number(_) | Value::Bool(_) => Ok(Value::String(v.to_string())),
+            other => Err(format!("attribute `{name}` must be a string, not {other}")),
+        };
+    }
+    match &v {
+        Value::String(_) | Value::Bool(_) => Ok(v),
+        Value::Number(n) if n.is_i64() => Ok(v),
+        other => Err(format!(
+            "attribute `{name}` must be a string, integer or boolean, not {other}"
+        )),
+    }
+}
+
+/// Edits the attributes through the structured form; the payload is carried over as is.
+fn edit_attributes(
+    event: &Event,
+    edit: impl FnOnce(&mut Map<String, Value>),
+) -> Result<Event, String> {
+    let data = event.data().cloned();
+    let mut v = serde_json::to_value(event).map_err(|e| format!("cannot serialize event: {e}"))?;
+    let Some(obj) = v.as_object_mut() else {
+        return Err("event did not serialize to an object".into());
+    };
+    obj.remove("data");
+    obj.remove("data_base64");
+    edit(obj);
+    let mut out: Event = serde_json::from_value(v)
+        .map_err(|e| format!("the result is not a valid CloudEvent: {e}"))?;
+    if let Some(d) = data {
+        out.set_data_unchecked(d);
+    }
+    Ok(out)
+}
+
+fn set_path(root: &mut Map<String, Value>, path: &[String], value: Value) -> Result<(), String> {
+    let Some((last, parents)) = path.split_last() else {
+        return Ok(());
+    };
+    let mut map = root;
+    for key in parents {
+        let entry = map
+            .entry(key.clone())
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !entry.is_object() {
+            *entry = Value::Object(Map::new());
+        }
+        map = match entry {
+            Value::Object(m) => m,
+            _ => return Err(format!("cannot descend into `{key}`")),
+        };
+    }
+    map.insert(last.clone(), value);
+    Ok(())
+}
+
+fn remove_path(root: &mut Map<String, Value>, path: &[String]) {
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
+    let mut map = root;
+    for key in parents {
+        match map.get_mut(key) {
+            Some(Value::Object(m)) => map = m,
+            _ => return,
+        }
+    }
+    map.remove(last);
+}
