@@ -1,1 +1,348 @@
-//! The shared end-to-end test harness.
+//! The one end-to-end harness: starts the real `sluice` binary on a free loopback port with
+//! a temporary data directory, and gives tests a client, the delivered events, and the
+//! process controls (SIGTERM, SIGKILL, restart). Every test file uses it.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)]
+
+use std::fs;
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// The `sluice` binary built by cargo next to this test binary (or `SLUICE_BIN`).
+pub fn sluice_bin() -> PathBuf {
+    if let Ok(bin) = std::env::var("SLUICE_BIN") {
+        return PathBuf::from(bin);
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    // target/<profile>/deps/<test> → target/<profile>/sluice
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("sluice"))
+        .expect("target directory");
+    assert!(
+        bin.exists(),
+        "{} does not exist: build it first (cargo build -p sluice-gateway)",
+        bin.display()
+    );
+    bin
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// How to start a gateway: the sample layout (bus `default`, every event to
+/// `{data_dir}/delivered.jsonl`) plus whatever a test adds.
+pub struct SluiceBuilder {
+    durability: &'static str,
+    shards: u32,
+    limits: String,
+    extra: String,
+    env: Vec<(String, String)>,
+}
+
+impl SluiceBuilder {
+    pub fn durability(mut self, durability: &'static str) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    pub fn shards(mut self, shards: u32) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// Lines added under `[limits]`.
+    pub fn limits(mut self, lines: &str) -> Self {
+        self.limits = lines.to_string();
+        self
+    }
+
+    /// TOML appended to the configuration (more buses, rules, tables).
+    pub fn extra(mut self, toml: &str) -> Self {
+        self.extra = toml.to_string();
+        self
+    }
+
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    pub async fn start(self) -> Sluice {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = dir.path().join("sluice.toml");
+        let data_dir = dir.path().join("data");
+        let text = format!(
+            r#"log = "info,sluice=debug"
+durability = "{durability}"
+
+[limits]
+{limits}
+
+[delivery]
+commit_interval = "50ms"
+initial_backoff = "20ms"
+max_backoff = "200ms"
+
+[[buses]]
+name = "default"
+shards = {shards}
+
+[[rules]]
+name = "all-events"
+bus = "default"
+
+[[rules.targets]]
+type = "file"
+name = "delivered"
+path = "{{data_dir}}/delivered.jsonl"
+
+{extra}
+"#,
+            durability = self.durability,
+            limits = self.limits,
+            shards = self.shards,
+            extra = self.extra,
+        );
+        fs::write(&config, text).expect("write config");
+        let mut sluice = Sluice {
+            child: None,
+            port: free_port(),
+            dir,
+            config,
+            data_dir,
+            env: self.env,
+            starts: 0,
+        };
+        sluice.spawn().await;
+        sluice
+    }
+}
+
+pub struct Sluice {
+    child: Option<Child>,
+    port: u16,
+    dir: TempDir,
+    config: PathBuf,
+    data_dir: PathBuf,
+    env: Vec<(String, String)>,
+    starts: u32,
+}
+
+impl Sluice {
+    pub fn builder() -> SluiceBuilder {
+        SluiceBuilder {
+            durability: "fsync",
+            shards: 4,
+            limits: String::new(),
+            extra: String::new(),
+            env: Vec::new(),
+        }
+    }
+
+    pub async fn start() -> Sluice {
+        Sluice::builder().start().await
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr())
+    }
+
+    pub fn events_url(&self) -> String {
+        self.url("/buses/default/events")
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    pub fn config_path(&self) -> &Path {
+        &self.config
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join(format!("sluice-{}.log", self.starts))
+    }
+
+    /// What the process wrote to stderr in its latest run.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    async fn spawn(&mut self) {
+        self.starts += 1;
+        let stderr = fs::File::create(self.log_path()).expect("log file");
+        let child = Command::new(sluice_bin())
+            .arg("serve")
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--listen")
+            .arg(self.addr().to_string())
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start sluice");
+        self.child = Some(child);
+        self.wait_ready(Duration::from_secs(30)).await;
+    }
+
+    async fn wait_ready(&mut self, limit: Duration) {
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("sluice exited during start ({status}):\n{}", self.log());
+            }
+            if let Ok(r) = client.get(self.url("/readyz")).send().await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sluice not ready after {limit:?}:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// SIGKILL: no chance to flush anything.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then waits for the exit.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("sluice is running");
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "sluice did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts the process again on the same port, configuration and data.
+    pub async fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop it first");
+        self.spawn().await;
+    }
+
+    /// Every line of `delivered.jsonl`, parsed.
+    pub fn delivered(&self) -> Vec<Value> {
+        read_jsonl(&self.data_dir.join("delivered.jsonl"))
+    }
+
+    /// Waits until `pred` holds for the delivered events, or fails after `limit`.
+    pub async fn wait_delivered(
+        &self,
+        limit: Duration,
+        pred: impl Fn(&[Value]) -> bool,
+    ) -> Vec<Value> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let events = self.delivered();
+            if pred(&events) {
+                return events;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "delivery condition not met after {limit:?}; {} events delivered",
+                events.len()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn read_jsonl(path: &Path) -> Vec<Value> {
+    let mut text = String::new();
+    if let Ok(mut f) = fs::File::open(path) {
+        f.read_to_string(&mut text).expect("read");
+    }
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}")))
+        .collect()
+}
+
+/// The ids of a set of delivered events.
+pub fn ids(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| e["id"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// A binary-mode request: `ce-*` headers and a JSON body.
+pub fn binary(
+    client: &reqwest::Client,
+    url: &str,
+    id: &str,
+    body: &str,
+) -> reqwest::RequestBuilder {
+    client
+        .post(url)
+        .header("ce-specversion", "1.0")
+        .header("ce-id", id)
+        .header("ce-source", "/tests")
+        .header("ce-type", "com.example.test")
+        .header("content-type", "application/json")
+        .body(body.to_string())
+}
+
+/// A structured-mode event as JSON.
+pub fn structured_event(id: &str) -> Value {
+    serde_json::json!({
+        "specversion": "1.0",
+        "id": id,
+        "source": "/tests",
+        "type": "com.example.test",
+        "datacontenttype": "application/json",
+        "data": {"n": id}
+    })
+}
+
+/// Root of the repository (for scripts and sample files).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repo root")
+        .to_path_buf()
+}

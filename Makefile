@@ -1,0 +1,71 @@
+# Sluice — the commands a developer and CI use. Everything a target needs that the machine
+# lacks (cargo-nextest, the Python SDK for interop tests, wrk for benchmarks) is installed here.
+
+SHELL := /bin/bash
+CARGO ?= cargo
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+# Tools built from crates.io are kept outside the repository and reused.
+CACHE ?= $(HOME)/.cache/sluice
+APT_UPDATED := $(CACHE)/.apt-updated
+
+.PHONY: run test lint fmt build bench bench-ingest bench-functions tools venv clean help
+
+help:
+	@echo "make run    - start the gateway standalone with sluice.example.toml (http://127.0.0.1:8080)"
+	@echo "make test   - unit and end-to-end tests (cargo nextest)"
+	@echo "make lint   - rustfmt check and clippy with warnings as errors"
+	@echo "make bench  - ingest benchmark against the baseline, and the functions benchmarks"
+
+run: build
+	./target/debug/sluice serve --config sluice.example.toml
+
+build:
+	$(CARGO) build -p sluice-gateway
+
+test: tools venv
+	$(CARGO) build -p sluice-gateway
+	$(CARGO) nextest run --workspace --no-fail-fast
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+tools:
+	@command -v cargo-nextest >/dev/null 2>&1 || $(CARGO) install --locked cargo-nextest
+
+# Debian packages, installed only when missing (apt-get update once).
+define apt_install
+	@if ! command -v $(1) >/dev/null 2>&1; then \
+		mkdir -p $(CACHE); \
+		[ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2); \
+	fi
+endef
+
+# The official CloudEvents Python SDK, for the interoperability test.
+venv: $(VENV)/.installed
+
+$(VENV)/.installed:
+	$(call apt_install,python3,python3 python3-venv)
+	@python3 -m venv $(VENV) 2>/dev/null || { rm -rf $(VENV); \
+		mkdir -p $(CACHE); [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check 'cloudevents==2.2.0'
+	touch $@
+
+bench: bench-ingest bench-functions
+
+bench-ingest:
+	$(call apt_install,wrk,wrk)
+	tests/bench/ingest.sh
+
+bench-functions:
+	$(CARGO) bench -p sluice-functions
+
+clean:
+	$(CARGO) clean
+	rm -rf $(VENV) data
