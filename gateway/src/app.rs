@@ -40,7 +40,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let options = LogOptions {
         durability: config.durability,
         segment_bytes: config.store.segment_bytes,
-        max_pending: config.store.max_pending_appends,
+        cache_bytes: config.store.cache_bytes,
     };
     let mut embedded: Vec<Arc<EmbeddedLog>> = Vec::new();
     let mut logs: HashMap<String, Arc<dyn BusLog>> = HashMap::new();

@@ -131,15 +131,16 @@ impl Default for Limits {
 pub struct StoreConfig {
     /// A shard's log rolls to a new segment file past this size.
     pub segment_bytes: u64,
-    /// Appends waiting for one shard's writer before ingress answers `503`.
-    pub max_pending_appends: usize,
+    /// Bytes of recent events kept in memory per shard, so deliveries that keep up with
+    /// ingest never read the files.
+    pub cache_bytes: usize,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
             segment_bytes: 64 * 1024 * 1024,
-            max_pending_appends: 8192,
+            cache_bytes: 8 * 1024 * 1024,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The `sluice` command line.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -99,7 +100,8 @@ fn init_logging(config: &Config) -> anyhow::Result<()> {
     // Logs go to stderr: stdout belongs to the `log` target's events.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     match config.log_format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -50,6 +50,11 @@ impl Matcher {
         Ok(Matcher { fields })
     }
 
+    /// True when the pattern is empty: events need not even be decoded.
+    pub fn matches_everything(&self) -> bool {
+        self.fields.is_empty()
+    }
+
     pub fn matches(&self, event: &Event) -> bool {
         self.fields.iter().all(|(name, accepted)| {
             attribute(event, name).is_some_and(|v| accepted.iter().any(|a| *a == v))

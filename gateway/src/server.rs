@@ -52,12 +52,20 @@ pub async fn serve(
                 };
                 let _ = stream.set_nodelay(true);
                 let service = TowerToHyperService::new(router.clone());
-                let conn = builder
-                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                    .into_owned();
-                let conn = graceful.watch(conn);
+                let builder = builder.clone();
+                let watcher = graceful.watcher();
+                let idle = limits.idle_timeout;
                 tokio::spawn(async move {
-                    if let Err(e) = conn.await {
+                    // The version sniffing of the auto builder waits for the first bytes with
+                    // no timer of its own: a connection that never speaks is closed here.
+                    let mut first = [0u8; 1];
+                    if !matches!(tokio::time::timeout(idle, stream.peek(&mut first)).await, Ok(Ok(n)) if n > 0) {
+                        return;
+                    }
+                    let conn = builder
+                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                        .into_owned();
+                    if let Err(e) = watcher.watch(conn).await {
                         tracing::debug!(error = %e, "connection ended with an error");
                     }
                 });

@@ -209,7 +209,11 @@ impl Sluice {
         let client = reqwest::Client::new();
         let deadline = Instant::now() + limit;
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 panic!("sluice exited during start ({status}):\n{}", self.log());
             }
             if let Ok(r) = client.get(self.url("/readyz")).send().await {
@@ -247,7 +251,10 @@ impl Sluice {
             if let Some(status) = child.try_wait().expect("wait") {
                 return status;
             }
-            assert!(Instant::now() < deadline, "sluice did not exit after SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "sluice did not exit after SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

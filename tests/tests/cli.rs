@@ -22,7 +22,10 @@ fn check_config(text: &str) -> (bool, String) {
 
 #[test]
 fn version_prints() {
-    let out = Command::new(sluice_bin()).arg("--version").output().unwrap();
+    let out = Command::new(sluice_bin())
+        .arg("--version")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("sluice "));
 }
@@ -34,18 +37,28 @@ fn the_example_config_is_valid() {
         .arg(repo_root().join("sluice.example.toml"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
 fn config_errors_name_the_key_and_line() {
     let (ok, out) = check_config("listen = \"127.0.0.1:1\"\n\n[limits]\nmax_event_byts = 10\n");
     assert!(!ok);
-    assert!(out.contains("line 4") && out.contains("max_event_byts"), "{out}");
+    assert!(
+        out.contains("line 4") && out.contains("max_event_byts"),
+        "{out}"
+    );
 
     let (ok, out) = check_config("durability = \"eventually\"\n");
     assert!(!ok);
-    assert!(out.contains("line 1") && out.contains("eventually"), "{out}");
+    assert!(
+        out.contains("line 1") && out.contains("eventually"),
+        "{out}"
+    );
 
     let (ok, out) = check_config(
         "[[buses]]\nname = \"a\"\n\n[[rules]]\nname = \"r\"\nbus = \"b\"\n[[rules.targets]]\ntype = \"log\"\nname = \"l\"\n",
@@ -76,7 +89,10 @@ fn bad_environment_override_is_an_error() {
 #[tokio::test]
 async fn environment_overrides_apply() {
     // SLUICE_DURABILITY switches the mode; the log names it.
-    let sluice = Sluice::builder().env("SLUICE_DURABILITY", "os").start().await;
+    let sluice = Sluice::builder()
+        .env("SLUICE_DURABILITY", "os")
+        .start()
+        .await;
     assert!(sluice.log().contains("durability=os"), "{}", sluice.log());
 }
 

@@ -31,7 +31,8 @@ async fn kill_under_load_then_restart(durability: &'static str) {
                 // Producer 0 sends batches of 10; the others single binary-mode events.
                 let (request, batch_ids) = if p == 0 {
                     let batch_ids: Vec<String> = (0..10).map(|k| format!("p{p}-{i}-{k}")).collect();
-                    let events: Vec<Value> = batch_ids.iter().map(|id| structured_event(id)).collect();
+                    let events: Vec<Value> =
+                        batch_ids.iter().map(|id| structured_event(id)).collect();
                     let request = client
                         .post(&url)
                         .header("content-type", "application/cloudevents-batch+json")
@@ -68,7 +69,11 @@ async fn kill_under_load_then_restart(durability: &'static str) {
         p.await.unwrap();
     }
     let acked: HashSet<String> = acked.lock().unwrap().iter().cloned().collect();
-    assert!(acked.len() >= 500, "load was running: {} acked", acked.len());
+    assert!(
+        acked.len() >= 500,
+        "load was running: {} acked",
+        acked.len()
+    );
 
     sluice.restart().await;
     let events = sluice

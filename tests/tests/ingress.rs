@@ -15,7 +15,8 @@ const WAIT: Duration = Duration::from_secs(20);
 async fn problem(response: reqwest::Response, status: StatusCode) -> Value {
     assert_eq!(response.status(), status);
     assert_eq!(
-        response.headers()["content-type"], "application/problem+json",
+        response.headers()["content-type"],
+        "application/problem+json",
         "errors are problem+json"
     );
     response.json().await.unwrap()
@@ -28,13 +29,19 @@ async fn binary_mode_event_is_accepted_and_delivered() {
     let r = binary(&client, &sluice.events_url(), "b-1", r#"{"order":42}"#)
         .header("ce-subject", "caf%C3%A9")
         .header("ce-partitionkey", "customer-7")
-        .header("ce-traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+        .header(
+            "ce-traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        )
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::ACCEPTED);
     let body: Value = r.json().await.unwrap();
-    assert_eq!(body, json!({"failedEntryCount": 0, "entries": [{"id": "b-1", "status": "accepted"}]}));
+    assert_eq!(
+        body,
+        json!({"failedEntryCount": 0, "entries": [{"id": "b-1", "status": "accepted"}]})
+    );
     let events = sluice.wait_delivered(WAIT, |e| !e.is_empty()).await;
     let e = &events[0];
     assert_eq!(e["id"], "b-1");
@@ -56,7 +63,10 @@ async fn structured_mode_event_is_accepted_and_delivered() {
     event["urgent"] = json!(true);
     let r = client
         .post(sluice.events_url())
-        .header("content-type", "application/cloudevents+json; charset=utf-8")
+        .header(
+            "content-type",
+            "application/cloudevents+json; charset=utf-8",
+        )
         .body(event.to_string())
         .send()
         .await
@@ -77,7 +87,13 @@ async fn batch_mode_stores_good_entries_and_reports_bad_ones() {
     bad_time["time"] = json!("yesterday");
     let mut no_type = structured_event("no-type");
     no_type.as_object_mut().unwrap().remove("type");
-    let batch = json!([structured_event("ok-1"), bad_time, structured_event("ok-2"), no_type, 17]);
+    let batch = json!([
+        structured_event("ok-1"),
+        bad_time,
+        structured_event("ok-2"),
+        no_type,
+        17
+    ]);
     let r = client
         .post(sluice.events_url())
         .header("content-type", "application/cloudevents-batch+json")
@@ -171,7 +187,10 @@ async fn invalid_events_get_400_naming_the_attribute() {
 async fn routing_errors_are_problem_json() {
     let sluice = Sluice::start().await;
     let client = reqwest::Client::new();
-    let r = binary(&client, &sluice.url("/buses/nope/events"), "x", "{}").send().await.unwrap();
+    let r = binary(&client, &sluice.url("/buses/nope/events"), "x", "{}")
+        .send()
+        .await
+        .unwrap();
     let p = problem(r, StatusCode::NOT_FOUND).await;
     assert_eq!(p["field"], "bus");
     let r = client.get(sluice.events_url()).send().await.unwrap();
@@ -179,9 +198,17 @@ async fn routing_errors_are_problem_json() {
     problem(r, StatusCode::METHOD_NOT_ALLOWED).await;
     let r = client.delete(sluice.url("/healthz")).send().await.unwrap();
     problem(r, StatusCode::METHOD_NOT_ALLOWED).await;
-    let r = client.get(sluice.url("/nothing/here")).send().await.unwrap();
+    let r = client
+        .get(sluice.url("/nothing/here"))
+        .send()
+        .await
+        .unwrap();
     problem(r, StatusCode::NOT_FOUND).await;
-    for content_type in ["application/json", "application/cloudevents+avro", "text/plain"] {
+    for content_type in [
+        "application/json",
+        "application/cloudevents+avro",
+        "text/plain",
+    ] {
         let r = client
             .post(sluice.events_url())
             .header("content-type", content_type)
@@ -202,7 +229,10 @@ async fn limits_are_enforced_with_413() {
         .await;
     let client = reqwest::Client::new();
     let big = format!("\"{}\"", "x".repeat(4000));
-    let r = binary(&client, &sluice.events_url(), "big", &big).send().await.unwrap();
+    let r = binary(&client, &sluice.events_url(), "big", &big)
+        .send()
+        .await
+        .unwrap();
     let p = problem(r, StatusCode::PAYLOAD_TOO_LARGE).await;
     assert_eq!(p["field"], "limits.max_event_bytes");
 
@@ -252,7 +282,10 @@ async fn limits_are_enforced_with_413() {
     assert_eq!(r.status(), StatusCode::ACCEPTED);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["entries"][1]["error"]["status"], 413);
-    assert_eq!(body["entries"][1]["error"]["field"], "limits.max_event_bytes");
+    assert_eq!(
+        body["entries"][1]["error"]["field"],
+        "limits.max_event_bytes"
+    );
     let events = sluice.wait_delivered(WAIT, |e| !e.is_empty()).await;
     assert_eq!(ids(&events), vec!["thin"]);
 }
@@ -287,7 +320,9 @@ fn slow_requests_time_out_and_idle_connections_close() {
             b"POST /buses/default/events HTTP/1.1\r\nhost: x\r\nce-specversion: 1.0\r\nce-id: slow\r\nce-source: /s\r\nce-type: t\r\ncontent-length: 100\r\n\r\n{\"a\":",
         )
         .unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let mut buf = [0u8; 4096];
     let n = stream.read(&mut buf).unwrap();
     let response = String::from_utf8_lossy(&buf[..n]);
@@ -296,7 +331,8 @@ fn slow_requests_time_out_and_idle_connections_close() {
 
     // An idle kept-alive connection is closed by the server.
     let mut idle = TcpStream::connect(sluice.addr()).unwrap();
-    idle.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let started = std::time::Instant::now();
     let n = idle.read(&mut buf).unwrap_or(0);
     assert_eq!(n, 0, "server closes the idle connection");
@@ -318,7 +354,10 @@ async fn a_body_cut_off_midway_stores_nothing() {
         // Dropped here: the connection closes with the body incomplete.
     }
     let client = reqwest::Client::new();
-    let r = binary(&client, &sluice.events_url(), "after", "{}").send().await.unwrap();
+    let r = binary(&client, &sluice.events_url(), "after", "{}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::ACCEPTED);
     sluice.wait_delivered(WAIT, |e| !e.is_empty()).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -326,10 +365,10 @@ async fn a_body_cut_off_midway_stores_nothing() {
 }
 
 #[tokio::test]
-async fn a_full_store_queue_answers_503_with_retry_after() {
+async fn overload_is_shed_with_503_and_retry_after() {
     let sluice = Sluice::builder()
         .shards(1)
-        .extra("[store]\nmax_pending_appends = 1")
+        .limits("max_concurrent_requests = 2")
         .start()
         .await;
     let client = reqwest::Client::new();
@@ -352,8 +391,8 @@ async fn a_full_store_queue_answers_503_with_retry_after() {
         }
     }
     assert!(!accepted.is_empty());
-    // Whether the queue overflows depends on timing; what must hold is that every 202 was
-    // stored and delivered, and every refusal was a clean 503.
+    // How many are shed depends on timing; what must hold is that every 202 was stored and
+    // delivered, and every refusal was a clean 503 (nothing queued without bound).
     let events = sluice
         .wait_delivered(WAIT, |e| e.len() >= accepted.len())
         .await;
@@ -372,11 +411,18 @@ async fn probes_and_graceful_shutdown() {
     let r = client.get(sluice.url("/readyz")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     for i in 0..50 {
-        let r = binary(&client, &sluice.events_url(), &format!("g-{i}"), "{}").send().await.unwrap();
+        let r = binary(&client, &sluice.events_url(), &format!("g-{i}"), "{}")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), StatusCode::ACCEPTED);
     }
     let status = sluice.terminate();
-    assert!(status.success(), "exit 0 after SIGTERM: {status}\n{}", sluice.log());
+    assert!(
+        status.success(),
+        "exit 0 after SIGTERM: {status}\n{}",
+        sluice.log()
+    );
     assert!(sluice.log().contains("shutdown complete"));
     // Positions were committed at shutdown: after a restart every event is delivered
     // exactly once (nothing lost, nothing sent again).

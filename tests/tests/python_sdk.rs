@@ -37,7 +37,10 @@ async fn python_sdk_binary_and_structured_events_are_accepted() {
     let events = sluice
         .wait_delivered(Duration::from_secs(20), |e| e.len() >= 2)
         .await;
-    let binary = events.iter().find(|e| e["id"] == "py-binary").expect("binary event");
+    let binary = events
+        .iter()
+        .find(|e| e["id"] == "py-binary")
+        .expect("binary event");
     let structured = events
         .iter()
         .find(|e| e["id"] == "py-structured")
@@ -47,7 +50,10 @@ async fn python_sdk_binary_and_structured_events_are_accepted() {
         assert_eq!(e["source"], "https://example.com/python-sdk");
         assert_eq!(e["data"]["message"], "hello from the python sdk");
         assert_eq!(e["tenant"], "acme", "extension kept");
-        assert_eq!(e["subject"], "café au lait", "percent-encoded header decoded");
+        assert_eq!(
+            e["subject"], "café au lait",
+            "percent-encoded header decoded"
+        );
         assert!(e["time"].is_string());
     }
 }

@@ -127,8 +127,30 @@ fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
+/// An accepted event: the SDK event and its stored form (CloudEvents structured JSON).
+#[derive(Debug)]
+pub struct Parsed {
+    /// The event's attributes and extensions. For binary mode its data is not decoded into
+    /// it (that would cost a parse and a re-serialisation per event); `stored` has the data.
+    pub event: Event,
+    pub stored: Vec<u8>,
+}
+
+impl Parsed {
+    /// Encodes a complete event into its stored form.
+    pub fn encode(event: Event) -> Result<Parsed, EventError> {
+        let stored = encode(&event)
+            .map_err(|e| EventError::invalid("event", format!("cannot encode: {e}")))?;
+        Ok(Parsed { event, stored })
+    }
+}
+
 /// Binary mode: attributes in `ce-*` headers (percent-encoded), data in the body.
-pub fn from_binary(headers: &HeaderMap, body: &[u8]) -> Result<Event, EventError> {
+///
+/// The stored form is written directly: the SDK serialises the attributes, the body is
+/// appended as `data` (JSON, checked but not rebuilt), as a JSON string (text) or as
+/// `data_base64`. It decodes to the same event the SDK would build from the request.
+pub fn from_binary(headers: &HeaderMap, body: &[u8]) -> Result<Parsed, EventError> {
     let mut event = blank_event()?;
     let mut seen = [false; 3];
     let mut header_content_type: Option<String> = None;
@@ -201,32 +223,72 @@ pub fn from_binary(headers: &HeaderMap, body: &[u8]) -> Result<Event, EventError
     if let Some(ct) = &content_type {
         check_media_type("datacontenttype", ct)?;
     }
-    let data = if body.is_empty() {
-        None
-    } else {
-        Some(binary_data(content_type.as_deref(), body)?)
-    };
+    let ct = content_type.as_deref().map(essence);
     event.set_datacontenttype(content_type);
-    if let Some(data) = data {
-        event.set_data_unchecked(data);
+    let mut stored =
+        encode(&event).map_err(|e| EventError::invalid("event", format!("cannot encode: {e}")))?;
+    if !body.is_empty() {
+        append_binary_data(&mut stored, ct.as_deref(), body)?;
     }
-    Ok(event)
+    Ok(Parsed { event, stored })
 }
 
-fn binary_data(content_type: Option<&str>, body: &[u8]) -> Result<Data, EventError> {
-    match content_type.map(essence) {
-        Some(ct) if is_json(&ct) => serde_json::from_slice(body).map(Data::Json).map_err(|e| {
-            EventError::invalid(
-                "data",
-                format!("the body is not valid JSON, but the content type is `{ct}`: {e}"),
-            )
-        }),
-        Some(ct) if ct.starts_with("text/") => Ok(match std::str::from_utf8(body) {
-            Ok(text) => Data::String(text.to_string()),
-            Err(_) => Data::Binary(body.to_vec()),
-        }),
-        _ => Ok(Data::Binary(body.to_vec())),
+/// Appends the body as the `data` member of an encoded event (which ends in `}`).
+fn append_binary_data(
+    stored: &mut Vec<u8>,
+    essence: Option<&str>,
+    body: &[u8],
+) -> Result<(), EventError> {
+    if stored.pop() != Some(b'}') {
+        return Err(EventError::invalid(
+            "event",
+            "unexpected encoding of the attributes",
+        ));
     }
+    let comma = |stored: &mut Vec<u8>| {
+        if stored.len() > 1 {
+            stored.push(b',');
+        }
+    };
+    match essence {
+        Some(ct) if is_json(ct) => {
+            serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(|e| {
+                EventError::invalid(
+                    "data",
+                    format!("the body is not valid JSON, but the content type is `{ct}`: {e}"),
+                )
+            })?;
+            comma(stored);
+            stored.extend_from_slice(b"\"data\":");
+            if body.iter().any(|b| matches!(b, b'\n' | b'\r')) {
+                // Keep the stored form on one line (targets write JSON lines).
+                let value: Value = serde_json::from_slice(body)
+                    .map_err(|e| EventError::invalid("data", e.to_string()))?;
+                serde_json::to_writer(&mut *stored, &value)
+                    .map_err(|e| EventError::invalid("data", e.to_string()))?;
+            } else {
+                stored.extend_from_slice(body.trim_ascii());
+            }
+        }
+        Some(ct) if ct.starts_with("text/") && std::str::from_utf8(body).is_ok() => {
+            comma(stored);
+            stored.extend_from_slice(b"\"data\":");
+            serde_json::to_writer(&mut *stored, &String::from_utf8_lossy(body))
+                .map_err(|e| EventError::invalid("data", e.to_string()))?;
+        }
+        _ => {
+            comma(stored);
+            stored.extend_from_slice(b"\"data_base64\":\"");
+            stored.extend_from_slice(
+                base64::engine::general_purpose::STANDARD
+                    .encode(body)
+                    .as_bytes(),
+            );
+            stored.push(b'"');
+        }
+    }
+    stored.push(b'}');
+    Ok(())
 }
 
 /// JSON media types, as the JSON event format defines them (`application/json`, `+json`).
@@ -550,13 +612,54 @@ mod tests {
         let mut pairs = MINIMAL.to_vec();
         pairs.push(("content-type", "application/json"));
         pairs.push(("ce-partitionkey", "cust-7"));
-        let e = from_binary(&headers(&pairs), br#"{"a":1}"#).unwrap();
+        let parsed = from_binary(&headers(&pairs), br#" {"a": 1} "#).unwrap();
+        let e = decode(&parsed.stored).unwrap();
         assert_eq!(e.id(), "1");
         assert_eq!(e.ty(), "order.created");
         assert_eq!(e.data(), Some(&Data::Json(serde_json::json!({"a": 1}))));
         assert_eq!(partition_key(&e), "cust-7");
-        let round = decode(&encode(&e).unwrap()).unwrap();
-        assert_eq!(round, e);
+        assert_eq!(partition_key(&parsed.event), "cust-7");
+        // The stored form decodes to the event the SDK builds from the same parts.
+        let expected = EventBuilderV10::new()
+            .id("1")
+            .source("/orders")
+            .ty("order.created")
+            .extension("partitionkey", "cust-7")
+            .data("application/json", serde_json::json!({"a": 1}))
+            .build()
+            .unwrap();
+        assert_eq!(e, expected);
+    }
+
+    #[test]
+    fn binary_data_kinds_round_trip() {
+        let mut pairs = MINIMAL.to_vec();
+        pairs.push(("content-type", "application/octet-stream"));
+        let e = decode(&from_binary(&headers(&pairs), &[0, 1, 2]).unwrap().stored).unwrap();
+        assert_eq!(e.data(), Some(&Data::Binary(vec![0, 1, 2])));
+        let e = decode(&from_binary(&headers(MINIMAL), b"raw").unwrap().stored).unwrap();
+        assert_eq!(e.data(), Some(&Data::Binary(b"raw".to_vec())));
+        let mut pairs = MINIMAL.to_vec();
+        pairs.push(("content-type", "application/json"));
+        let parsed = from_binary(&headers(&pairs), b"{\n  \"a\": [1,\n 2]\n}\n").unwrap();
+        assert!(!parsed.stored.contains(&b'\n'), "stored on one line");
+        let e = decode(&parsed.stored).unwrap();
+        assert_eq!(
+            e.data(),
+            Some(&Data::Json(serde_json::json!({"a": [1, 2]})))
+        );
+        let e = decode(&from_binary(&headers(&pairs), b"").unwrap().stored).unwrap();
+        assert_eq!(e.data(), None);
+        assert_eq!(e.datacontenttype(), Some("application/json"));
+        let mut pairs = MINIMAL.to_vec();
+        pairs.push(("content-type", "text/plain; charset=utf-8"));
+        let e = decode(
+            &from_binary(&headers(&pairs), "line \"1\"\nzwei ü".as_bytes())
+                .unwrap()
+                .stored,
+        )
+        .unwrap();
+        assert_eq!(e.data(), Some(&Data::String("line \"1\"\nzwei ü".into())));
     }
 
     #[test]
@@ -603,7 +706,7 @@ mod tests {
         pairs.push(("ce-subject", "caf%C3%A9"));
         pairs.push(("ce-traceparent", "00-abc"));
         pairs.push(("content-type", "text/plain"));
-        let e = from_binary(&headers(&pairs), b"hello").unwrap();
+        let e = decode(&from_binary(&headers(&pairs), b"hello").unwrap().stored).unwrap();
         assert_eq!(e.subject(), Some("café"));
         assert_eq!(
             e.extension("traceparent"),

@@ -119,10 +119,11 @@ async fn post_events(
         Err(problem) => return problem.into_response(),
     };
     let shards = log.shards();
-    let encode = |event: Result<cloudevents::Event, EventError>| -> Entry {
-        let event = event?;
-        let bytes = cloudevent::encode(&event)
-            .map_err(|e| EventError::invalid("event", format!("cannot encode: {e}")))?;
+    let encode = |parsed: Result<cloudevent::Parsed, EventError>| -> Entry {
+        let cloudevent::Parsed {
+            event,
+            stored: bytes,
+        } = parsed?;
         if bytes.len() > limits.max_event_bytes {
             return Err(EventError::too_large(
                 "limits.max_event_bytes",
@@ -142,9 +143,14 @@ async fn post_events(
     };
     let entries: Vec<Entry> = match mode {
         ContentMode::Binary => vec![encode(cloudevent::from_binary(&parts.headers, &body))],
-        ContentMode::Structured => vec![encode(cloudevent::from_structured(&body))],
+        ContentMode::Structured => vec![encode(
+            cloudevent::from_structured(&body).and_then(cloudevent::Parsed::encode),
+        )],
         ContentMode::Batch => match cloudevent::from_batch(&body, limits.max_batch_events) {
-            Ok(events) => events.into_iter().map(encode).collect(),
+            Ok(events) => events
+                .into_iter()
+                .map(|e| encode(e.and_then(cloudevent::Parsed::encode)))
+                .collect(),
             Err(e) => return event_problem(e).into_response(),
         },
     };

@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cloudevents::Event;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -15,7 +14,7 @@ use crate::config::DeliveryConfig;
 use crate::ingress::cloudevent;
 use crate::rules::Matcher;
 use crate::store::{BusLog, PositionStore, Seq};
-use crate::targets::Target;
+use crate::targets::{Envelope, Target};
 
 /// One (rule, target) pair.
 pub struct Subscription {
@@ -144,17 +143,7 @@ impl Task {
                     }
                     continue;
                 };
-                let events: Vec<Event> = records
-                    .iter()
-                    .filter_map(|r| match cloudevent::decode(&r.payload) {
-                        Ok(event) => Some(event),
-                        Err(e) => {
-                            tracing::error!(subscription = %sub, shard, seq = r.seq, error = %e, "a stored event does not decode; skipping it");
-                            None
-                        }
-                    })
-                    .filter(|e| self.sub.matcher.matches(e))
-                    .collect();
+                let events = self.select(records);
                 if !self.deliver(&events, &mut backoff).await {
                     // Stopped before delivery succeeded: the position stays, the batch is
                     // delivered again after restart.
@@ -165,8 +154,35 @@ impl Task {
         }
     }
 
+    /// The records this subscription's rule matches. Events are decoded only when the rule
+    /// needs to look inside them.
+    fn select(&self, records: Vec<crate::store::Record>) -> Vec<Envelope> {
+        if self.sub.matcher.matches_everything() {
+            return records
+                .into_iter()
+                .map(|r| Envelope {
+                    raw: r.payload,
+                    event: None,
+                })
+                .collect();
+        }
+        records
+            .into_iter()
+            .filter_map(|r| match cloudevent::decode(&r.payload) {
+                Ok(event) => self.sub.matcher.matches(&event).then_some(Envelope {
+                    raw: r.payload,
+                    event: Some(event),
+                }),
+                Err(e) => {
+                    tracing::error!(subscription = %self.sub.id, shard = self.shard, seq = r.seq, error = %e, "a stored event does not decode; skipping it");
+                    None
+                }
+            })
+            .collect()
+    }
+
     /// Delivers with retries until it succeeds; false if asked to stop first.
-    async fn deliver(&mut self, events: &[Event], backoff: &mut Duration) -> bool {
+    async fn deliver(&mut self, events: &[Envelope], backoff: &mut Duration) -> bool {
         if events.is_empty() {
             return true;
         }

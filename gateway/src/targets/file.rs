@@ -7,9 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use cloudevents::Event;
 
-use super::{json_lines, Target, TargetError};
+use super::{json_lines, Envelope, Target, TargetError};
 use crate::config::Durability;
 
 pub struct FileTarget {
@@ -44,8 +43,8 @@ impl FileTarget {
 
 #[async_trait]
 impl Target for FileTarget {
-    async fn deliver(&self, events: &[Event]) -> Result<(), TargetError> {
-        let lines = json_lines(events)?;
+    async fn deliver(&self, events: &[Envelope]) -> Result<(), TargetError> {
+        let lines = json_lines(events);
         let file = self.file.clone();
         let sync = self.durability == Durability::Fsync;
         let path = self.path.clone();

@@ -3,9 +3,8 @@
 use std::io::Write;
 
 use async_trait::async_trait;
-use cloudevents::Event;
 
-use super::{json_lines, Target, TargetError};
+use super::{json_lines, Envelope, Target, TargetError};
 
 pub struct LogTarget;
 
@@ -23,8 +22,8 @@ impl Default for LogTarget {
 
 #[async_trait]
 impl Target for LogTarget {
-    async fn deliver(&self, events: &[Event]) -> Result<(), TargetError> {
-        let lines = json_lines(events)?;
+    async fn deliver(&self, events: &[Envelope]) -> Result<(), TargetError> {
+        let lines = json_lines(events);
         tokio::task::spawn_blocking(move || {
             let mut out = std::io::stdout().lock();
             out.write_all(&lines).and_then(|_| out.flush())

@@ -7,6 +7,7 @@ mod log;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use cloudevents::Event;
 
 use crate::config::{Config, TargetConfig};
@@ -31,11 +32,19 @@ impl TargetError {
     }
 }
 
+/// An event on its way to a target: its stored form (CloudEvents structured JSON) and,
+/// when something needed to look inside it, the decoded event.
+#[derive(Debug, Clone)]
+pub struct Envelope {
+    pub raw: Bytes,
+    pub event: Option<Event>,
+}
+
 #[async_trait]
 pub trait Target: Send + Sync + 'static {
     /// Delivers a batch, in order. `Ok` means every event of it is delivered (and, for
     /// targets that can say so, durable), so the position may move past the batch.
-    async fn deliver(&self, events: &[Event]) -> Result<(), TargetError>;
+    async fn deliver(&self, events: &[Envelope]) -> Result<(), TargetError>;
 
     /// Short description for logs and status.
     fn describe(&self) -> String;
@@ -52,15 +61,12 @@ pub fn build(config: &Config, target: &TargetConfig) -> Result<Arc<dyn Target>, 
     })
 }
 
-/// One JSON line per event, in CloudEvents structured form.
-pub fn json_lines(events: &[Event]) -> Result<Vec<u8>, TargetError> {
-    let mut out = Vec::with_capacity(events.len() * 512);
+/// One JSON line per event, in CloudEvents structured form (the stored form as it is).
+pub fn json_lines(events: &[Envelope]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(events.iter().map(|e| e.raw.len() + 1).sum());
     for event in events {
-        serde_json::to_writer(&mut out, event).map_err(|e| TargetError {
-            message: format!("cannot encode event: {e}"),
-            retryable: false,
-        })?;
+        out.extend_from_slice(&event.raw);
         out.push(b'\n');
     }
-    Ok(out)
+    out
 }

@@ -1,23 +1,36 @@
 //! The embedded bus log: per shard, a directory of segment files of length-prefixed,
-//! CRC-checked records, written by one thread per shard with group commit.
+//! CRC-checked records.
 //!
 //! Record: `len: u32 LE | crc32(seq ‖ payload): u32 LE | seq: u64 LE | payload`.
 //! Segment files are named by the sequence number of their first record.
 //!
-//! Group commit: appends queue on a channel; the writer takes everything queued, writes it
-//! with one `write`, makes it durable with one `fdatasync` (durability `fsync`), then answers
-//! every append of the group. While one flush runs the next group gathers, so the flush cost
-//! is shared by all concurrent requests instead of paid by each.
+//! Appends write straight from the request's task under the shard's lock (a page-cache
+//! write of a few KiB): no thread hand-off on the hot path. Durability `fsync` adds group
+//! commit: an appender that needs its records durable takes the shard's sync lock; whoever
+//! holds it runs one `fdatasync` that covers every record written so far, and the appenders
+//! queued behind it find their records already durable. While one flush runs the next group
+//! gathers, so the flush cost is shared by all concurrent requests instead of paid by each.
+//!
+//! With `fsync`, segment files grow in zero-filled chunks ahead of the records: a flush of
+//! writes into space that already exists needs no file-size (metadata) journal commit, which
+//! makes `fdatasync` an order of magnitude cheaper on ext4 (measured here: 0.17 ms instead of
+//! 2.1 ms). Recovery stops at the first record that does not check out, so the zeros are
+//! never mistaken for records.
+//!
+//! Readers see records only once durable (the shard's tail). Recent records stay in a
+//! bounded in-memory cache, so readers that keep up never touch the file.
 
+use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
-use std::io::{BufReader, ErrorKind, Read, Seek, SeekFrom, Write};
+use std::io::{BufReader, ErrorKind, Read, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::watch;
 
 use crate::config::Durability;
 use crate::store::{BusLog, Record, Seq, ShardAppend, ShardReader, StoreError};
@@ -25,41 +38,62 @@ use crate::store::{BusLog, Record, Seq, ShardAppend, ShardReader, StoreError};
 const HEADER: usize = 16;
 /// Larger lengths can only come from a torn or corrupt header.
 const MAX_RECORD: u32 = 64 * 1024 * 1024;
-/// Upper bound on one group, so one huge burst does not delay its first requests for long.
-const MAX_GROUP_BYTES: usize = 8 * 1024 * 1024;
+/// How far ahead of the records a segment is zero-filled (durability `fsync` only).
+const PREALLOCATE: u64 = 1024 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct LogOptions {
     pub durability: Durability,
     pub segment_bytes: u64,
-    pub max_pending: usize,
-}
-
-enum Message {
-    Append {
-        records: Vec<Bytes>,
-        done: oneshot::Sender<Result<Seq, StoreError>>,
-    },
-    Close {
-        done: oneshot::Sender<()>,
-    },
+    /// Bytes of recent records kept in memory per shard for readers at the tail.
+    pub cache_bytes: usize,
 }
 
 /// Segment base sequence numbers of one shard, oldest first; shared by writer and readers.
 type Segments = Arc<Mutex<Vec<Seq>>>;
 
+/// The writing side of a shard, behind its lock.
+struct Active {
+    file: Arc<File>,
+    /// End of the records in the active segment: the next write goes here.
+    file_len: u64,
+    /// Bytes of the file that exist (records plus zero-filled space).
+    allocated: u64,
+    next_seq: Seq,
+    buf: Vec<u8>,
+}
+
+/// Recent records, oldest first, bounded by bytes.
+struct Cache {
+    records: VecDeque<(Seq, Bytes)>,
+    bytes: usize,
+    /// The first sequence number the cache can answer for.
+    first: Seq,
+}
+
 struct Shard {
     dir: PathBuf,
-    tx: mpsc::Sender<Message>,
-    tail: watch::Receiver<Seq>,
+    active: Mutex<Active>,
+    /// Held by the appender running a flush; the others queue behind it.
+    sync: tokio::sync::Mutex<()>,
+    /// Next sequence number not yet durable-and-visible: the readers' limit.
+    tail: watch::Sender<Seq>,
     segments: Segments,
+    cache: Arc<Mutex<Cache>>,
 }
 
 /// One bus's log on local disk.
 pub struct EmbeddedLog {
     bus: String,
     shards: Vec<Shard>,
-    healthy: Arc<AtomicBool>,
+    options: LogOptions,
+    healthy: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves its data consistent before anything can panic, so a
+    // poisoned lock still guards valid state.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl EmbeddedLog {
@@ -71,39 +105,34 @@ impl EmbeddedLog {
         shards: u32,
         options: &LogOptions,
     ) -> Result<EmbeddedLog, StoreError> {
-        let healthy = Arc::new(AtomicBool::new(true));
         let mut handles = Vec::with_capacity(shards as usize);
         for shard in 0..shards {
             let dir = dir.join(format!("shard-{shard}"));
             let recovered = recover(&dir)?;
-            let (tail_tx, tail_rx) = watch::channel(recovered.next_seq);
-            let (tx, rx) = mpsc::channel(options.max_pending.max(1));
-            let segments: Segments = Arc::new(Mutex::new(recovered.bases));
-            let writer = Writer {
-                dir: dir.clone(),
-                file: recovered.file,
-                file_len: recovered.file_len,
-                next_seq: recovered.next_seq,
-                options: options.clone(),
-                tail: tail_tx,
-                segments: segments.clone(),
-                healthy: healthy.clone(),
-            };
-            std::thread::Builder::new()
-                .name(format!("log-{bus}-{shard}"))
-                .spawn(move || writer.run(rx))
-                .map_err(|e| StoreError::io("cannot start the log writer thread", &e))?;
             handles.push(Shard {
                 dir,
-                tx,
-                tail: tail_rx,
-                segments,
+                active: Mutex::new(Active {
+                    file: Arc::new(recovered.file),
+                    file_len: recovered.file_len,
+                    allocated: recovered.file_len,
+                    next_seq: recovered.next_seq,
+                    buf: Vec::new(),
+                }),
+                sync: tokio::sync::Mutex::new(()),
+                tail: watch::Sender::new(recovered.next_seq),
+                segments: Arc::new(Mutex::new(recovered.bases)),
+                cache: Arc::new(Mutex::new(Cache {
+                    records: VecDeque::new(),
+                    bytes: 0,
+                    first: recovered.next_seq,
+                })),
             });
         }
         Ok(EmbeddedLog {
             bus: bus.to_string(),
             shards: handles,
-            healthy,
+            options: options.clone(),
+            healthy: AtomicBool::new(true),
         })
     }
 
@@ -113,15 +142,145 @@ impl EmbeddedLog {
         })
     }
 
-    /// Flushes everything written and stops the writers. Appends after this fail.
+    /// Flushes everything written to disk (also with durability `os`) and gives back the
+    /// preallocated space. The log takes no writes afterwards.
     pub async fn close(&self) {
+        self.healthy.store(false, Ordering::Relaxed);
         for shard in &self.shards {
-            let (done, wait) = oneshot::channel();
-            if shard.tx.send(Message::Close { done }).await.is_ok() {
-                let _ = wait.await;
+            let (file, len) = {
+                let mut active = lock(&shard.active);
+                active.allocated = active.file_len;
+                (active.file.clone(), active.file_len)
+            };
+            let result = tokio::task::spawn_blocking(move || {
+                file.set_len(len).and_then(|()| file.sync_all())
+            })
+            .await;
+            if !matches!(result, Ok(Ok(()))) {
+                tracing::error!(bus = %self.bus, "final flush of the log failed");
             }
         }
     }
+
+    /// Writes one shard's records; returns (first seq, end seq). Visible to nobody yet.
+    fn write(&self, shard: &Shard, records: &[Bytes]) -> Result<(Seq, Seq), StoreError> {
+        let mut active = lock(&shard.active);
+        if !self.healthy.load(Ordering::Relaxed) {
+            return Err(StoreError::Unavailable(
+                "an earlier flush failed; restart to recover".to_string(),
+            ));
+        }
+        let active = &mut *active;
+        let first = active.next_seq;
+        active.buf.clear();
+        for (i, record) in records.iter().enumerate() {
+            encode_record(&mut active.buf, first + i as Seq, record);
+        }
+        let needed = active.file_len + active.buf.len() as u64;
+        if self.options.durability == Durability::Fsync && needed > active.allocated {
+            let target = needed.max(active.allocated + PREALLOCATE);
+            zero_fill(&active.file, active.allocated, target)
+                .map_err(|e| StoreError::io("extending the log failed", &e))?;
+            active.allocated = target;
+        }
+        if let Err(e) = active.file.write_all_at(&active.buf, active.file_len) {
+            // A partial write is overwritten by the next one (the end does not move); cut
+            // it off now so no half record can ever be followed by good ones.
+            if active.allocated <= active.file_len {
+                if let Err(t) = active.file.set_len(active.file_len) {
+                    tracing::error!(error = %t, "cannot undo a failed write; the log stops taking writes");
+                    self.healthy.store(false, Ordering::Relaxed);
+                }
+            }
+            return Err(StoreError::io("writing the log failed", &e));
+        }
+        active.file_len += active.buf.len() as u64;
+        active.allocated = active.allocated.max(active.file_len);
+        let end = first + records.len() as Seq;
+        active.next_seq = end;
+        {
+            let mut cache = lock(&shard.cache);
+            for (i, record) in records.iter().enumerate() {
+                cache.bytes += record.len();
+                cache.records.push_back((first + i as Seq, record.clone()));
+            }
+            while cache.bytes > self.options.cache_bytes {
+                let Some((seq, old)) = cache.records.pop_front() else {
+                    break;
+                };
+                cache.bytes -= old.len();
+                cache.first = seq + 1;
+            }
+        }
+        if active.file_len >= self.options.segment_bytes {
+            if let Err(e) = self.roll(shard, active) {
+                tracing::error!(error = %e, "cannot start a new log segment; writing on in the current one");
+            }
+        }
+        Ok((first, end))
+    }
+
+    fn roll(&self, shard: &Shard, active: &mut Active) -> std::io::Result<()> {
+        let path = segment_path(&shard.dir, active.next_seq);
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)?;
+        // A finished segment ends at its last record (readers move on at its end of file).
+        active.file.set_len(active.file_len)?;
+        // The old segment's records may not be flushed yet; later flushes only see the new
+        // file, so flush the old one now (rare: once per segment).
+        if self.options.durability == Durability::Fsync {
+            active.file.sync_data()?;
+            sync_dir(&shard.dir)?;
+        }
+        active.file = Arc::new(file);
+        active.file_len = 0;
+        active.allocated = 0;
+        lock(&shard.segments).push(active.next_seq);
+        Ok(())
+    }
+
+    /// Makes records below `end` durable, sharing one flush among concurrent appenders.
+    async fn sync_to(&self, shard: &Shard, end: Seq) -> Result<(), StoreError> {
+        if *shard.tail.borrow() >= end {
+            return Ok(());
+        }
+        let _leader = shard.sync.lock().await;
+        if *shard.tail.borrow() >= end {
+            return Ok(());
+        }
+        let (file, upto) = {
+            let active = lock(&shard.active);
+            (active.file.clone(), active.next_seq)
+        };
+        let result = tokio::task::spawn_blocking(move || file.sync_data())
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("flush task failed: {e}")))?;
+        if let Err(e) = result {
+            // After a failed fsync the page cache may not match the disk: stop taking
+            // writes rather than acknowledge something that may be gone.
+            tracing::error!(error = %e, "fsync of the log failed; the log stops taking writes");
+            self.healthy.store(false, Ordering::Relaxed);
+            return Err(StoreError::io("flushing the log failed", &e));
+        }
+        publish(shard, upto);
+        Ok(())
+    }
+}
+
+/// Moves the readers' limit forward (never back: appenders may finish out of order).
+fn publish(shard: &Shard, end: Seq) {
+    shard.tail.send_if_modified(|tail| {
+        if end > *tail {
+            *tail = end;
+            true
+        } else {
+            false
+        }
+    });
 }
 
 #[async_trait]
@@ -131,35 +290,23 @@ impl BusLog for EmbeddedLog {
     }
 
     async fn append(&self, appends: Vec<ShardAppend>) -> Vec<Result<Seq, StoreError>> {
-        // Queue every shard's part first so the shards' writers work in parallel.
-        let pending: Vec<_> = appends
-            .into_iter()
+        let written: Vec<_> = appends
+            .iter()
             .map(|append| {
                 let shard = self.shard(append.shard)?;
-                let (done, wait) = oneshot::channel();
-                let message = Message::Append {
-                    records: append.records,
-                    done,
-                };
-                match shard.tx.try_send(message) {
-                    Ok(()) => Ok(wait),
-                    Err(mpsc::error::TrySendError::Full(_)) => Err(StoreError::Busy(
-                        "too many appends are waiting for the disk".to_string(),
-                    )),
-                    Err(mpsc::error::TrySendError::Closed(_)) => Err(StoreError::Unavailable(
-                        "the log is shutting down".to_string(),
-                    )),
-                }
+                self.write(shard, &append.records).map(|seqs| (shard, seqs))
             })
             .collect();
-        let mut results = Vec::with_capacity(pending.len());
-        for p in pending {
-            results.push(match p {
-                Ok(wait) => wait.await.unwrap_or_else(|_| {
-                    Err(StoreError::Unavailable(
-                        "the log writer stopped".to_string(),
-                    ))
-                }),
+        let mut results = Vec::with_capacity(written.len());
+        for w in written {
+            results.push(match w {
+                Ok((shard, (first, end))) => match self.options.durability {
+                    Durability::Os => {
+                        publish(shard, end);
+                        Ok(first)
+                    }
+                    Durability::Fsync => self.sync_to(shard, end).await.map(|()| first),
+                },
                 Err(e) => Err(e),
             });
         }
@@ -168,24 +315,21 @@ impl BusLog for EmbeddedLog {
 
     async fn reader(&self, shard: u32, from: Seq) -> Result<Box<dyn ShardReader>, StoreError> {
         let s = self.shard(shard)?;
-        let dir = s.dir.clone();
-        let segments = s.segments.clone();
-        let tail = s.tail.clone();
-        let bus = self.bus.clone();
-        let state = tokio::task::spawn_blocking(move || {
-            ReadState::open(&bus, shard, dir, segments, *tail.borrow(), from)
-        })
-        .await
-        .map_err(|e| StoreError::Unavailable(format!("reader task failed: {e}")))??;
         Ok(Box::new(EmbeddedReader {
-            tail: s.tail.clone(),
-            state: Some(state),
+            bus: self.bus.clone(),
+            shard,
+            dir: s.dir.clone(),
+            segments: s.segments.clone(),
+            cache: s.cache.clone(),
+            tail: s.tail.subscribe(),
+            next: from,
+            file: None,
         }))
     }
 
     fn tail(&self, shard: u32) -> watch::Receiver<Seq> {
         match self.shards.get(shard as usize) {
-            Some(s) => s.tail.clone(),
+            Some(s) => s.tail.subscribe(),
             None => watch::channel(0).1,
         }
     }
@@ -193,11 +337,14 @@ impl BusLog for EmbeddedLog {
     async fn release(&self, shard: u32, seq: Seq) -> Result<(), StoreError> {
         let s = self.shard(shard)?;
         let doomed: Vec<Seq> = {
-            let mut bases = s.segments.lock().map_err(poisoned)?;
+            let mut bases = lock(&s.segments);
             // A segment can go once the next one starts at or below `seq`; the newest stays.
             let keep_from = bases.windows(2).take_while(|w| w[1] <= seq).count();
             bases.drain(..keep_from).collect()
         };
+        if doomed.is_empty() {
+            return Ok(());
+        }
         let dir = s.dir.clone();
         tokio::task::spawn_blocking(move || {
             for base in doomed {
@@ -258,8 +405,9 @@ fn recover(dir: &Path) -> Result<Recovered, StoreError> {
     let path = segment_path(dir, base);
     let mut file = OpenOptions::new()
         .create(true)
+        .truncate(false)
         .read(true)
-        .append(true)
+        .write(true)
         .open(&path)
         .map_err(|e| StoreError::io(&format!("cannot open {}", path.display()), &e))?;
     let (count, valid_len) = scan(&mut file, base)
@@ -269,11 +417,15 @@ fn recover(dir: &Path) -> Result<Recovered, StoreError> {
         .map_err(|e| StoreError::io("cannot stat a segment", &e))?
         .len();
     if valid_len < len {
-        tracing::warn!(
-            path = %path.display(),
-            dropped_bytes = len - valid_len,
-            "cutting off a record torn by a crash (it was never acknowledged)"
-        );
+        let zeros = only_zeros(&file, valid_len)
+            .map_err(|e| StoreError::io(&format!("cannot read {}", path.display()), &e))?;
+        if !zeros {
+            tracing::warn!(
+                path = %path.display(),
+                dropped_bytes = len - valid_len,
+                "cutting off a record torn by a crash (it was never acknowledged)"
+            );
+        }
         file.set_len(valid_len)
             .and_then(|_| file.sync_all())
             .map_err(|e| StoreError::io("cannot truncate a torn segment", &e))?;
@@ -363,140 +515,71 @@ fn encode_record(buf: &mut Vec<u8>, seq: Seq, payload: &[u8]) {
     buf.extend_from_slice(payload);
 }
 
+/// Writes zeros over `[from, to)` of the file.
+fn zero_fill(file: &File, from: u64, to: u64) -> std::io::Result<()> {
+    const ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(ZEROS.len() as u64) as usize;
+        file.write_all_at(&ZEROS[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// Whether everything from `from` to the end of the file is zero (preallocated space).
+fn only_zeros(file: &File, from: u64) -> std::io::Result<bool> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut at = from;
+    loop {
+        let n = file.read_at(&mut buf, at)?;
+        if n == 0 {
+            return Ok(true);
+        }
+        if buf[..n].iter().any(|b| *b != 0) {
+            return Ok(false);
+        }
+        at += n as u64;
+    }
+}
+
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-struct Writer {
-    dir: PathBuf,
-    file: File,
-    file_len: u64,
-    next_seq: Seq,
-    options: LogOptions,
-    tail: watch::Sender<Seq>,
-    segments: Segments,
-    healthy: Arc<AtomicBool>,
-}
-
-type Done = oneshot::Sender<Result<Seq, StoreError>>;
-
-impl Writer {
-    fn run(mut self, mut rx: mpsc::Receiver<Message>) {
-        let mut buf = Vec::with_capacity(1 << 20);
-        let mut group: Vec<(Vec<Bytes>, Done)> = Vec::new();
-        let mut close = None;
-        while let Some(first) = rx.blocking_recv() {
-            let mut bytes = 0;
-            let mut next = Some(first);
-            while let Some(message) = next.take() {
-                match message {
-                    Message::Append { records, done } => {
-                        bytes += records.iter().map(|r| r.len() + HEADER).sum::<usize>();
-                        group.push((records, done));
-                    }
-                    Message::Close { done } => {
-                        close = Some(done);
-                        break;
-                    }
-                }
-                if bytes < MAX_GROUP_BYTES {
-                    next = rx.try_recv().ok();
-                }
-            }
-            if !group.is_empty() {
-                self.commit(&mut group, &mut buf);
-            }
-            if let Some(done) = close.take() {
-                if let Err(e) = self.file.sync_all() {
-                    tracing::error!(error = %e, "final flush of the log failed");
-                }
-                let _ = done.send(());
-                return;
-            }
-        }
-        let _ = self.file.sync_all();
-    }
-
-    fn commit(&mut self, group: &mut Vec<(Vec<Bytes>, Done)>, buf: &mut Vec<u8>) {
-        if !self.healthy.load(Ordering::Relaxed) {
-            let error =
-                StoreError::Unavailable("an earlier flush failed; restart to recover".to_string());
-            for (_, done) in group.drain(..) {
-                let _ = done.send(Err(error.clone()));
-            }
-            return;
-        }
-        buf.clear();
-        let mut seq = self.next_seq;
-        let mut firsts: Vec<(Seq, Done)> = Vec::with_capacity(group.len());
-        for (records, done) in group.drain(..) {
-            firsts.push((seq, done));
-            for record in &records {
-                encode_record(buf, seq, record);
-                seq += 1;
-            }
-        }
-        if let Err(e) = self.file.write_all(buf) {
-            // Undo a partial write so no half record is ever followed by good ones.
-            if let Err(t) = self.file.set_len(self.file_len) {
-                tracing::error!(error = %t, "cannot undo a failed write; the log stops taking writes");
-                self.healthy.store(false, Ordering::Relaxed);
-            }
-            let error = StoreError::io("writing the log failed", &e);
-            for (_, done) in firsts {
-                let _ = done.send(Err(error.clone()));
-            }
-            return;
-        }
-        if self.options.durability == Durability::Fsync {
-            if let Err(e) = self.file.sync_data() {
-                // After a failed fsync the page cache may not match the disk: stop taking
-                // writes rather than acknowledge something that may be gone.
-                tracing::error!(error = %e, "fsync of the log failed; the log stops taking writes");
-                self.healthy.store(false, Ordering::Relaxed);
-                let error = StoreError::io("flushing the log failed", &e);
-                for (_, done) in firsts {
-                    let _ = done.send(Err(error.clone()));
-                }
-                return;
-            }
-        }
-        self.file_len += buf.len() as u64;
-        self.next_seq = seq;
-        self.tail.send_replace(seq);
-        for (first, done) in firsts {
-            let _ = done.send(Ok(first));
-        }
-        if self.file_len >= self.options.segment_bytes {
-            if let Err(e) = self.roll() {
-                tracing::error!(error = %e, "cannot start a new log segment; writing on in the current one");
-            }
-        }
-    }
-
-    fn roll(&mut self) -> std::io::Result<()> {
-        let path = segment_path(&self.dir, self.next_seq);
-        let file = OpenOptions::new()
-            .create(true)
-            .read(true)
-            .append(true)
-            .open(&path)?;
-        if self.options.durability == Durability::Fsync {
-            self.file.sync_all()?;
-            sync_dir(&self.dir)?;
-        }
-        self.file = file;
-        self.file_len = 0;
-        if let Ok(mut bases) = self.segments.lock() {
-            bases.push(self.next_seq);
-        }
-        Ok(())
-    }
-}
-
 struct EmbeddedReader {
+    bus: String,
+    shard: u32,
+    dir: PathBuf,
+    segments: Segments,
+    cache: Arc<Mutex<Cache>>,
     tail: watch::Receiver<Seq>,
-    state: Option<ReadState>,
+    next: Seq,
+    /// Positioned file reader for records no longer cached; opened on demand.
+    file: Option<ReadState>,
+}
+
+impl EmbeddedReader {
+    /// Records `[next, limit)` from the cache, if it still holds `next`.
+    fn from_cache(&self, limit: Seq) -> Option<Vec<Record>> {
+        let cache = lock(&self.cache);
+        let front = cache.records.front()?.0;
+        if self.next < front || self.next < cache.first {
+            return None;
+        }
+        let start = usize::try_from(self.next - front).ok()?;
+        let records: Vec<Record> = cache
+            .records
+            .iter()
+            .skip(start)
+            .take_while(|(seq, _)| *seq < limit)
+            .map(|(seq, payload)| Record {
+                seq: *seq,
+                payload: payload.clone(),
+            })
+            .collect();
+        (!records.is_empty()).then_some(records)
+    }
 }
 
 struct ReadState {
@@ -571,9 +654,9 @@ impl ReadState {
         Ok(())
     }
 
-    fn read(&mut self, max: usize, tail: Seq) -> Result<Vec<Record>, StoreError> {
+    fn read(&mut self, max: usize, limit: Seq) -> Result<Vec<Record>, StoreError> {
         let mut records = Vec::new();
-        while records.len() < max && self.next < tail {
+        while records.len() < max && self.next < limit {
             match read_record(&mut self.file, &mut self.payload) {
                 Ok(Some(seq)) if seq == self.next => {
                     records.push(Record {
@@ -622,22 +705,41 @@ fn open_segment(dir: &Path, base: Seq) -> Result<BufReader<File>, StoreError> {
 impl ShardReader for EmbeddedReader {
     async fn read(&mut self, max: usize) -> Result<Vec<Record>, StoreError> {
         let tail = *self.tail.borrow();
-        let Some(mut state) = self.state.take() else {
-            return Err(StoreError::Unavailable(
-                "the reader failed earlier".to_string(),
-            ));
-        };
-        if state.next >= tail {
-            self.state = Some(state);
+        if self.next >= tail {
             return Ok(Vec::new());
         }
+        let limit = tail.min(self.next.saturating_add(max as Seq));
+        if let Some(records) = self.from_cache(limit) {
+            self.next = records.last().map_or(self.next, |r| r.seq + 1);
+            return Ok(records);
+        }
+        // Behind the cache: read the segment files, off the async threads.
+        let state = match self.file.take() {
+            Some(state) if state.next == self.next => state,
+            _ => {
+                let (bus, shard, dir, segments, from) = (
+                    self.bus.clone(),
+                    self.shard,
+                    self.dir.clone(),
+                    self.segments.clone(),
+                    self.next,
+                );
+                tokio::task::spawn_blocking(move || {
+                    ReadState::open(&bus, shard, dir, segments, tail, from)
+                })
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("reader task failed: {e}")))??
+            }
+        };
         let (state, result) = tokio::task::spawn_blocking(move || {
-            let result = state.read(max, tail);
+            let mut state = state;
+            let result = state.read(max, limit);
             (state, result)
         })
         .await
         .map_err(|e| StoreError::Unavailable(format!("read task failed: {e}")))?;
-        self.state = Some(state);
+        self.next = state.next;
+        self.file = Some(state);
         result
     }
 }
@@ -650,7 +752,8 @@ mod tests {
         LogOptions {
             durability: Durability::Fsync,
             segment_bytes,
-            max_pending: 64,
+            // Small, so tests read both from the cache and from the files.
+            cache_bytes: 40,
         }
     }
 
@@ -734,6 +837,7 @@ mod tests {
             log.close().await;
         }
         let segment = segment_path(&dir.path().join("shard-0"), 0);
+        use std::io::Write;
         let mut f = OpenOptions::new().append(true).open(&segment).unwrap();
         // Half a header and a garbage record: what a crash mid-write leaves.
         f.write_all(&[9, 0, 0, 0, 1, 2]).unwrap();
@@ -748,6 +852,31 @@ mod tests {
             all.into_iter().map(|(_, p)| p).collect::<Vec<_>>(),
             vec!["one", "two", "three"]
         );
+    }
+
+    #[tokio::test]
+    async fn a_crash_leaves_zero_filled_space_that_recovery_ignores() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let log = EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap();
+            log.append(vec![append(0, &["one", "two"])]).await[0]
+                .as_ref()
+                .unwrap();
+            // Dropped without close, as by SIGKILL: the file still has its zeroed chunk.
+        }
+        let segment = segment_path(&dir.path().join("shard-0"), 0);
+        assert!(fs::metadata(&segment).unwrap().len() >= PREALLOCATE);
+        let log = EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap();
+        assert_eq!(*log.tail(0).borrow(), 2);
+        log.append(vec![append(0, &["three"])]).await[0]
+            .as_ref()
+            .unwrap();
+        let all: Vec<String> = read_all(&log, 0, 0)
+            .await
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect();
+        assert_eq!(all, vec!["one", "two", "three"]);
     }
 
     #[tokio::test]
@@ -770,16 +899,40 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn full_queue_is_busy_not_blocking() {
+    async fn concurrent_appends_share_flushes_and_stay_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let mut opts = options(1 << 20);
-        opts.max_pending = 1;
-        let log = EmbeddedLog::open("b", dir.path(), 1, &opts).unwrap();
-        let many: Vec<_> = (0..64).map(|_| append(0, &["x"])).collect();
-        let results = log.append(many).await;
-        assert!(results
-            .iter()
-            .any(|r| matches!(r, Err(StoreError::Busy(_)))));
-        assert!(results.iter().any(|r| r.is_ok()));
+        let log =
+            std::sync::Arc::new(EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap());
+        let mut tasks = Vec::new();
+        for t in 0..8 {
+            let log = log.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..50 {
+                    log.append(vec![append(0, &[&format!("{t}-{i}")])]).await[0]
+                        .as_ref()
+                        .unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let all = read_all(&log, 0, 0).await;
+        assert_eq!(all.len(), 400);
+        assert!(all.iter().enumerate().all(|(i, (seq, _))| *seq == i as Seq));
+        for t in 0..8 {
+            let mine: Vec<_> = all
+                .iter()
+                .filter_map(|(_, p)| {
+                    p.strip_prefix(&format!("{t}-"))
+                        .map(|i| i.parse::<u32>().unwrap())
+                })
+                .collect();
+            assert_eq!(
+                mine,
+                (0..50).collect::<Vec<_>>(),
+                "each producer's order is kept"
+            );
+        }
     }
 }

@@ -117,7 +117,7 @@ mod tests {
         let options = LogOptions {
             durability: Durability::Os,
             segment_bytes: 1 << 20,
-            max_pending: 16,
+            cache_bytes: 1024,
         };
         drop(data.open_bus("orders", 4, &options).unwrap());
         let err = data.open_bus("orders", 8, &options).err().unwrap();
