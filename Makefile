@@ -8,14 +8,18 @@ PYTHON := $(VENV)/bin/python
 # Tools built from crates.io are kept outside the repository and reused.
 CACHE ?= $(HOME)/.cache/sluice
 APT_UPDATED := $(CACHE)/.apt-updated
+# The RocketMQ name server and broker the end-to-end tests start (built once, ~21 min).
+ROCKETMQ_DIR := $(CACHE)/rocketmq-1.0.0
+export SLUICE_ROCKETMQ_BIN ?= $(ROCKETMQ_DIR)/bin
 
-.PHONY: run test lint fmt build bench bench-ingest bench-functions tools venv clean help
+.PHONY: run test lint fmt build bench bench-ingest bench-functions bench-targets tools venv rocketmq clean help
 
 help:
 	@echo "make run    - start the gateway standalone with sluice.example.toml (http://127.0.0.1:8080)"
 	@echo "make test   - unit and end-to-end tests (cargo nextest)"
 	@echo "make lint   - rustfmt check and clippy with warnings as errors"
-	@echo "make bench  - ingest benchmark against the baseline, and the functions benchmarks"
+	@echo "make bench  - ingest benchmark against the baseline, the functions benchmarks, and target throughput"
+	@echo "make rocketmq - build the RocketMQ name server and broker for the tests (once, into the cache)"
 
 run: build
 	./target/debug/sluice serve --config sluice.example.toml
@@ -23,7 +27,7 @@ run: build
 build:
 	$(CARGO) build -p sluice-gateway
 
-test: tools venv
+test: tools venv rocketmq
 	$(CARGO) build -p sluice-gateway
 	$(CARGO) nextest run --workspace --no-fail-fast
 
@@ -47,7 +51,7 @@ define apt_install
 endef
 
 # The official CloudEvents Python SDK, for the interoperability test.
-venv: $(VENV)/.installed
+venv: $(VENV)/.installed $(VENV)/.standardwebhooks
 
 $(VENV)/.installed:
 	$(call apt_install,python3,python3 python3-venv)
@@ -57,7 +61,23 @@ $(VENV)/.installed:
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check 'cloudevents==2.2.0'
 	touch $@
 
-bench: bench-ingest bench-functions
+# The Standard Webhooks reference package, to verify the HTTP target's signatures.
+$(VENV)/.standardwebhooks: $(VENV)/.installed
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check 'standardwebhooks==1.1.0'
+	touch $@
+
+# rocketmq-namesrv-rust and rocketmq-broker-rust, into the cache, only when missing.
+rocketmq:
+	@if [ ! -x $(ROCKETMQ_DIR)/bin/rocketmq-namesrv-rust ] || [ ! -x $(ROCKETMQ_DIR)/bin/rocketmq-broker-rust ]; then \
+		echo "building the RocketMQ name server and broker into $(ROCKETMQ_DIR) (about 21 minutes)"; \
+		$(CARGO) install --locked --root $(ROCKETMQ_DIR) rocketmq-namesrv@1.0.0 rocketmq-broker@1.0.0; \
+	fi
+
+bench: bench-ingest bench-functions bench-targets
+
+# End-to-end events/s into RocketMQ and into an HTTP receiver, against each peer's own capacity.
+bench-targets: rocketmq
+	tests/bench/targets.sh
 
 bench-ingest:
 	$(call apt_install,wrk,wrk)

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use crate::config::{Config, Mode};
 use crate::ingress::{self, IngressState};
 use crate::rules::Matcher;
+use crate::runtime::delivery::Delivery;
 use crate::runtime::{Runtime, Subscription};
+use crate::sources::Sources;
 use crate::store::embedded::{DataDir, EmbeddedLog, LogOptions};
 use crate::store::{BusLog, PositionStore, StoreError};
 use crate::targets;
@@ -51,6 +53,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     let positions: Arc<dyn PositionStore> = Arc::new(data.open_positions()?);
 
+    let resources = targets::Resources {
+        buses: logs.clone(),
+    };
     let mut subscriptions = Vec::new();
     for rule in &config.rules {
         let rule_name = rule.name.get_ref();
@@ -64,16 +69,20 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         let matcher = Arc::new(matcher);
         for target in &rule.targets {
             let target_name = target.name();
-            let built = targets::build(&config, target).map_err(|e| StartError::Target {
+            let failed = |e: targets::TargetError| StartError::Target {
                 rule: rule_name.clone(),
                 target: target_name.to_string(),
                 message: e.message,
-            })?;
+            };
+            let id = format!("{}/{}/{}", rule.bus.get_ref(), rule_name, target_name);
+            let built = targets::build(&config, target, &resources).map_err(failed)?;
+            let delivery = Delivery::new(&config, rule_name, &id, target, built, &resources)
+                .map_err(failed)?;
             subscriptions.push(Subscription {
-                id: format!("{}/{}/{}", rule.bus.get_ref(), rule_name, target_name),
+                id,
                 bus: rule.bus.get_ref().clone(),
                 matcher: matcher.clone(),
-                target: built,
+                delivery: Arc::new(delivery),
             });
         }
     }
@@ -91,6 +100,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         config.delivery.clone(),
     )
     .await?;
+    let sources = Sources::start(&config.sources, &logs, positions.clone());
     let router = ingress::router(Arc::new(IngressState {
         buses: logs,
         limits: config.limits.clone(),
@@ -106,6 +116,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 
     crate::server::serve(listener, router, &config.limits, shutdown).await;
     tracing::info!("ingress stopped; finishing deliveries");
+    sources.shutdown().await;
     runtime.shutdown(positions.as_ref()).await;
     for log in &embedded {
         log.close().await;

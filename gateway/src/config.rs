@@ -62,6 +62,9 @@ pub struct Config {
     pub buses: Vec<BusConfig>,
     #[serde(default)]
     pub rules: Vec<RuleConfig>,
+    /// Source connectors that feed buses (besides HTTP ingress).
+    #[serde(default)]
+    pub sources: Vec<crate::sources::SourceConfig>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -200,6 +203,16 @@ pub enum TargetConfig {
     Log(LogTargetConfig),
     /// Appends each event as one JSON line (structured mode) to a file.
     File(FileTargetConfig),
+    /// Sends each event as a message to a RocketMQ topic.
+    Rocketmq(crate::targets::rocketmq::RocketMqConfig),
+    /// POSTs each event to an HTTP endpoint (signed webhooks, auth, limits).
+    Http(crate::targets::http::HttpConfig),
+    /// Adds each event to a Redis stream (XADD with MAXLEN).
+    RedisStream(crate::targets::redis_stream::RedisStreamConfig),
+    /// Puts each event on another bus.
+    Bus(crate::targets::bus::BusTargetConfig),
+    /// POSTs each event to a function; a CloudEvent reply goes back onto a bus.
+    Function(crate::targets::function::FunctionConfig),
 }
 
 impl TargetConfig {
@@ -207,9 +220,29 @@ impl TargetConfig {
         match self {
             TargetConfig::Log(t) => &t.name,
             TargetConfig::File(t) => &t.name,
+            TargetConfig::Rocketmq(t) => &t.name,
+            TargetConfig::Http(t) => &t.name,
+            TargetConfig::RedisStream(t) => &t.name,
+            TargetConfig::Bus(t) => &t.name,
+            TargetConfig::Function(t) => &t.name,
         }
     }
+
+    /// The target's retry policy and dead-letter destination (defaults for targets without).
+    pub fn delivery(&self) -> (RetryConfig, Option<&DeadLetterConfig>) {
+        let (retry, dead_letter) = match self {
+            TargetConfig::Log(_) | TargetConfig::File(_) => return (RetryConfig::default(), None),
+            TargetConfig::Rocketmq(t) => (&t.retry, &t.dead_letter),
+            TargetConfig::Http(t) => (&t.retry, &t.dead_letter),
+            TargetConfig::RedisStream(t) => (&t.retry, &t.dead_letter),
+            TargetConfig::Bus(t) => (&t.retry, &t.dead_letter),
+            TargetConfig::Function(t) => (&t.retry, &t.dead_letter),
+        };
+        (retry.clone(), dead_letter.as_ref())
+    }
 }
+
+pub use crate::runtime::delivery::{DeadLetterConfig, RetryConfig};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -270,7 +303,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
-fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+pub(crate) fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Raw {
@@ -489,7 +522,31 @@ impl Config {
                         ));
                     }
                 }
+                crate::targets::check(target, &buses).map_err(|m| {
+                    invalid(
+                        at.clone(),
+                        format!("rule `{}`: target `{name}`: {m}", rule.name.get_ref()),
+                    )
+                })?;
             }
+        }
+        let mut sources = HashSet::new();
+        for source in &self.sources {
+            let name = source.name();
+            let at = find_line(text, "[[sources]]");
+            let bad = |message: String| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                line: at,
+                message: format!("source `{name}`: {message}"),
+            };
+            check_name(name).map_err(&bad)?;
+            if !sources.insert(name) {
+                return Err(bad("is defined twice".to_string()));
+            }
+            if !buses.contains(source.bus()) {
+                return Err(bad(format!("bus `{}` is not defined", source.bus())));
+            }
+            source.check().map_err(&bad)?;
         }
         let l = &self.limits;
         let limit = |what: &str| ConfigError::Invalid {

@@ -4,6 +4,9 @@
 //! The modules follow the data flow: `ingress` → `store` (bus logs, positions) → `runtime`
 //! (tasks that read, filter and deliver) → `targets`.
 
+// The RocketMQ client's futures are deep: the async bodies that hold them need a higher limit.
+#![recursion_limit = "512"]
+
 pub mod app;
 pub mod config;
 pub mod ingress;
@@ -11,5 +14,6 @@ pub mod problem;
 pub mod rules;
 pub mod runtime;
 pub mod server;
+pub mod sources;
 pub mod store;
 pub mod targets;

@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tempfile::TempDir;
 
+pub mod receiver;
+pub mod rocketmq;
+
 /// The `sluice` binary built by cargo next to this test binary (or `SLUICE_BIN`).
 pub fn sluice_bin() -> PathBuf {
     if let Ok(bin) = std::env::var("SLUICE_BIN") {
@@ -352,4 +355,71 @@ pub fn repo_root() -> PathBuf {
         .parent()
         .expect("repo root")
         .to_path_buf()
+}
+
+/// The repository's Python (`.venv`, made by `make venv`) or `SLUICE_E2E_PYTHON`.
+pub fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("SLUICE_E2E_PYTHON") {
+        return p.into();
+    }
+    let venv = repo_root().join(".venv/bin/python");
+    assert!(
+        venv.exists(),
+        "{} is missing: run `make venv` (make test does it)",
+        venv.display()
+    );
+    venv
+}
+
+/// Waits until `pred` holds for the JSON lines of a file, or panics after `limit`.
+pub async fn wait_jsonl(
+    path: &Path,
+    limit: Duration,
+    pred: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let events = read_jsonl(path);
+        if pred(&events) {
+            return events;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "condition on {} not met after {limit:?}; {} lines",
+            path.display(),
+            events.len()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Posts one binary-mode event and asserts it is accepted.
+pub async fn post(client: &reqwest::Client, url: &str, id: &str, body: &str) {
+    let r = binary(client, url, id, body).send().await.expect("post");
+    assert_eq!(
+        r.status().as_u16(),
+        202,
+        "{}",
+        r.text().await.unwrap_or_default()
+    );
+}
+
+/// TOML for a bus `name` whose events all go to `{data_dir}/{name}.jsonl`.
+pub fn bus_to_file(name: &str) -> String {
+    format!(
+        r#"
+[[buses]]
+name = "{name}"
+shards = 1
+
+[[rules]]
+name = "{name}-to-file"
+bus = "{name}"
+
+[[rules.targets]]
+type = "file"
+name = "{name}-file"
+path = "{{data_dir}}/{name}.jsonl"
+"#
+    )
 }

@@ -3,6 +3,8 @@
 //! delivers in order, and records the new position; positions are committed in batches.
 //! A failing target stalls only its own subscription.
 
+pub mod delivery;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +16,7 @@ use crate::config::DeliveryConfig;
 use crate::ingress::cloudevent;
 use crate::rules::Matcher;
 use crate::store::{BusLog, PositionStore, Seq};
-use crate::targets::{Envelope, Target};
+use crate::targets::Envelope;
 
 /// One (rule, target) pair.
 pub struct Subscription {
@@ -22,7 +24,8 @@ pub struct Subscription {
     pub id: String,
     pub bus: String,
     pub matcher: Arc<Matcher>,
-    pub target: Arc<dyn Target>,
+    /// The target under its retry policy and dead-letter destination.
+    pub delivery: Arc<delivery::Delivery>,
 }
 
 pub struct Runtime {
@@ -181,31 +184,17 @@ impl Task {
             .collect()
     }
 
-    /// Delivers with retries until it succeeds; false if asked to stop first.
+    /// Delivers (retrying, dead-lettering: see `delivery`); false if asked to stop first.
     async fn deliver(&mut self, events: &[Envelope], backoff: &mut Duration) -> bool {
         if events.is_empty() {
             return true;
         }
-        loop {
-            match self.sub.target.deliver(events).await {
-                Ok(()) => {
-                    *backoff = self.delivery.initial_backoff;
-                    return true;
-                }
-                Err(e) => {
-                    tracing::warn!(
-                        subscription = %self.sub.id,
-                        shard = self.shard,
-                        target = %self.sub.target.describe(),
-                        retryable = e.retryable,
-                        error = %e,
-                        "delivery failed; retrying"
-                    );
-                    if self.pause(backoff).await {
-                        return false;
-                    }
-                }
+        tokio::select! {
+            () = self.sub.delivery.deliver(events) => {
+                *backoff = self.delivery.initial_backoff;
+                true
             }
+            _ = self.stop.changed() => false,
         }
     }
 

@@ -20,19 +20,15 @@ pub struct FileTarget {
 impl FileTarget {
     pub fn open(path: &Path, durability: Durability) -> Result<FileTarget, TargetError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| TargetError {
-                message: format!("cannot create {}: {e}", parent.display()),
-                retryable: false,
+            std::fs::create_dir_all(parent).map_err(|e| {
+                TargetError::fatal(format!("cannot create {}: {e}", parent.display()))
             })?;
         }
         let file = OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
-            .map_err(|e| TargetError {
-                message: format!("cannot open {}: {e}", path.display()),
-                retryable: false,
-            })?;
+            .map_err(|e| TargetError::fatal(format!("cannot open {}: {e}", path.display())))?;
         Ok(FileTarget {
             path: path.to_path_buf(),
             file: Arc::new(Mutex::new(file)),

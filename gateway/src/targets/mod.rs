@@ -1,26 +1,40 @@
 //! Targets: where matched events go. One module per target behind one small trait; each
 //! target's config is turned into the running thing by `build`.
 
+pub mod bus;
 mod file;
+pub mod function;
+pub mod http;
 mod log;
+pub mod redis_stream;
+pub mod rocketmq;
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use cloudevents::event::{AttributeValue, Data};
 use cloudevents::Event;
 
 use crate::config::{Config, TargetConfig};
+use crate::ingress::cloudevent;
+use crate::store::BusLog;
 
 pub use file::FileTarget;
 pub use log::LogTarget;
 
-/// A failed delivery. `retryable` says whether trying the same events again may succeed.
-#[derive(Debug, Clone, thiserror::Error)]
+/// A failed delivery. `retryable` says whether trying the same events again may succeed;
+/// `status` is the peer's answer when it gave one (an HTTP status), for dead letters and logs;
+/// `retry_after` is how long the peer asked us to wait (`Retry-After`).
+#[derive(Debug, Clone, Default, thiserror::Error)]
 #[error("{message}")]
 pub struct TargetError {
     pub message: String,
     pub retryable: bool,
+    pub status: Option<u16>,
+    pub retry_after: Option<Duration>,
 }
 
 impl TargetError {
@@ -28,6 +42,16 @@ impl TargetError {
         TargetError {
             message: message.into(),
             retryable: true,
+            ..TargetError::default()
+        }
+    }
+
+    /// An error that the same request will hit again (bad configuration, a refused event).
+    pub fn fatal(message: impl Into<String>) -> Self {
+        TargetError {
+            message: message.into(),
+            retryable: false,
+            ..TargetError::default()
         }
     }
 }
@@ -40,6 +64,19 @@ pub struct Envelope {
     pub event: Option<Event>,
 }
 
+impl Envelope {
+    /// The decoded event (decoding the stored form if no one has yet). A stored event that
+    /// does not decode can never be delivered: the error is not retryable.
+    pub fn decoded(&self) -> Result<std::borrow::Cow<'_, Event>, TargetError> {
+        match &self.event {
+            Some(e) => Ok(std::borrow::Cow::Borrowed(e)),
+            None => cloudevent::decode(&self.raw)
+                .map(std::borrow::Cow::Owned)
+                .map_err(|e| TargetError::fatal(format!("stored event does not decode: {e}"))),
+        }
+    }
+}
+
 #[async_trait]
 pub trait Target: Send + Sync + 'static {
     /// Delivers a batch, in order. `Ok` means every event of it is delivered (and, for
@@ -50,14 +87,30 @@ pub trait Target: Send + Sync + 'static {
     fn describe(&self) -> String;
 }
 
+/// What targets may need besides their own configuration: the buses (bus target, function
+/// replies, dead letters append to them).
+#[derive(Clone)]
+pub struct Resources {
+    pub buses: HashMap<String, Arc<dyn BusLog>>,
+}
+
 /// Builds the running target for a configured one.
-pub fn build(config: &Config, target: &TargetConfig) -> Result<Arc<dyn Target>, TargetError> {
+pub fn build(
+    config: &Config,
+    target: &TargetConfig,
+    resources: &Resources,
+) -> Result<Arc<dyn Target>, TargetError> {
     Ok(match target {
         TargetConfig::Log(_) => Arc::new(LogTarget::new()),
         TargetConfig::File(file) => Arc::new(FileTarget::open(
             &config.expand_path(&file.path),
             config.durability,
         )?),
+        TargetConfig::Rocketmq(c) => Arc::new(rocketmq::RocketMqTarget::new(c)?),
+        TargetConfig::Http(c) => Arc::new(http::HttpTarget::new(c)?),
+        TargetConfig::RedisStream(c) => Arc::new(redis_stream::RedisStreamTarget::new(c)?),
+        TargetConfig::Bus(c) => Arc::new(bus::BusTarget::new(c, resources)?),
+        TargetConfig::Function(c) => Arc::new(function::FunctionTarget::new(c, resources)?),
     })
 }
 
@@ -69,4 +122,113 @@ pub fn json_lines(events: &[Envelope]) -> Vec<u8> {
         out.push(b'\n');
     }
     out
+}
+
+/// The event's data as bytes, as a binary-mode body carries it (JSON serialised, text as is).
+pub fn data_bytes(event: &Event) -> Vec<u8> {
+    match event.data() {
+        Some(Data::Binary(b)) => b.clone(),
+        Some(Data::String(s)) => s.clone().into_bytes(),
+        Some(Data::Json(v)) => serde_json::to_vec(v).unwrap_or_default(),
+        None => Vec::new(),
+    }
+}
+
+/// Every context attribute and extension of the event except `datacontenttype`, as text
+/// (the form binary-mode headers and message properties carry).
+pub fn attributes(event: &Event) -> Vec<(String, String)> {
+    event
+        .iter()
+        .filter(|(name, _)| *name != "datacontenttype")
+        .map(|(name, value)| {
+            let text = match value {
+                AttributeValue::Time(t) => t.to_rfc3339(),
+                other => other.to_string(),
+            };
+            (name.to_string(), text)
+        })
+        .collect()
+}
+
+/// Resolves a secret written in the configuration: `env:NAME` reads the environment variable
+/// (so secrets stay out of the file), anything else is taken literally.
+pub fn secret(value: &str) -> Result<String, TargetError> {
+    match value.strip_prefix("env:") {
+        Some(var) => std::env::var(var)
+            .map_err(|_| TargetError::fatal(format!("environment variable {var} is not set"))),
+        None => Ok(value.to_string()),
+    }
+}
+
+/// The stored form of an event the gateway made itself (a function reply, a dead letter),
+/// with the shard it belongs to on a bus of `shards` shards.
+pub fn stored(event: &Event, shards: u32) -> Result<(u32, Bytes), TargetError> {
+    let raw = cloudevent::encode(event)
+        .map_err(|e| TargetError::fatal(format!("cannot encode event: {e}")))?;
+    let shard = crate::ingress::shard_of(&cloudevent::partition_key(event), shards);
+    Ok((shard, Bytes::from(raw)))
+}
+
+/// Appends events to a bus, each to its shard, in order; Ok once all are durable.
+pub async fn append_to_bus(
+    log: &dyn BusLog,
+    bus: &str,
+    records: Vec<(u32, Bytes)>,
+) -> Result<(), TargetError> {
+    // One entry per shard, records in their original order within it.
+    let mut by_shard: std::collections::BTreeMap<u32, Vec<Bytes>> = Default::default();
+    for (shard, raw) in records {
+        by_shard.entry(shard).or_default().push(raw);
+    }
+    let appends = by_shard
+        .into_iter()
+        .map(|(shard, records)| crate::store::ShardAppend { shard, records })
+        .collect();
+    for result in log.append(appends).await {
+        if let Err(e) = result {
+            return Err(TargetError::retryable(format!(
+                "appending to bus `{bus}` failed: {e}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a target's configuration when the rule is loaded; `buses` are the defined buses.
+pub fn check(target: &TargetConfig, buses: &std::collections::HashSet<&str>) -> Result<(), String> {
+    let bus_exists = |what: &str, bus: &str| {
+        if buses.contains(bus) {
+            Ok(())
+        } else {
+            Err(format!("{what} `{bus}` is not defined"))
+        }
+    };
+    let dead_letter = match target {
+        TargetConfig::Log(_) | TargetConfig::File(_) => None,
+        TargetConfig::Rocketmq(c) => {
+            c.check()?;
+            c.dead_letter.as_ref()
+        }
+        TargetConfig::Http(c) => {
+            c.check()?;
+            c.dead_letter.as_ref()
+        }
+        TargetConfig::RedisStream(c) => {
+            c.check()?;
+            c.dead_letter.as_ref()
+        }
+        TargetConfig::Bus(c) => {
+            bus_exists("bus", &c.bus)?;
+            c.dead_letter.as_ref()
+        }
+        TargetConfig::Function(c) => {
+            c.check()?;
+            bus_exists("reply_bus", &c.reply_bus)?;
+            c.dead_letter.as_ref()
+        }
+    };
+    if let Some(dead_letter) = dead_letter {
+        dead_letter.check(buses)?;
+    }
+    Ok(())
 }

@@ -1,0 +1,531 @@
+//! What happens around one call to a target: the retry policy (attempts, event age,
+//! exponential backoff with jitter, `Retry-After`), the dead-letter destination, and the
+//! limits a target can share between its tasks (rate limiter, circuit breaker).
+//!
+//! Every event ends delivered, dead-lettered, or still pending (retried on): nothing is
+//! dropped. A batch that fails for good is retried one event at a time, so one poison event
+//! is dead-lettered alone and its neighbours still get through.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cloudevents::event::ExtensionValue;
+use serde::Deserialize;
+
+use crate::config::{DeliveryConfig, TargetConfig};
+use crate::store::BusLog;
+use crate::targets::{self, Envelope, Target, TargetError};
+
+/// A target's retry policy. Unset backoffs come from the `[delivery]` section.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Attempts per event, the first one included (EventBridge: 185).
+    pub max_attempts: u32,
+    /// How long after its first attempt an event may still be retried (EventBridge: 24 h).
+    #[serde(deserialize_with = "crate::config::duration")]
+    pub max_event_age: Duration,
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub initial_backoff: Option<Duration>,
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub max_backoff: Option<Duration>,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            max_attempts: 185,
+            max_event_age: Duration::from_secs(24 * 3600),
+            initial_backoff: None,
+            max_backoff: None,
+        }
+    }
+}
+
+fn optional_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    crate::config::duration(d).map(Some)
+}
+
+/// Where events go that cannot be delivered: a bus, or another target.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterConfig {
+    pub bus: Option<String>,
+    pub target: Option<Box<TargetConfig>>,
+}
+
+impl DeadLetterConfig {
+    pub fn check(&self, buses: &std::collections::HashSet<&str>) -> Result<(), String> {
+        match (&self.bus, &self.target) {
+            (Some(bus), None) if buses.contains(bus.as_str()) => Ok(()),
+            (Some(bus), None) => Err(format!("dead_letter.bus `{bus}` is not defined")),
+            (None, Some(target)) => {
+                targets::check(target, buses).map_err(|m| format!("dead_letter.target: {m}"))
+            }
+            _ => Err("dead_letter needs exactly one of `bus` or `target`".to_string()),
+        }
+    }
+}
+
+enum DeadLetter {
+    Bus { name: String, log: Arc<dyn BusLog> },
+    Target(Arc<dyn Target>),
+}
+
+/// One subscription's way of delivering: its target under its retry policy.
+pub struct Delivery {
+    target: Arc<dyn Target>,
+    policy: Policy,
+    dead_letter: Option<DeadLetter>,
+    rule: String,
+    subscription: String,
+}
+
+#[derive(Debug, Clone)]
+struct Policy {
+    max_attempts: u32,
+    max_event_age: Duration,
+    initial_backoff: Duration,
+    max_backoff: Duration,
+}
+
+impl Delivery {
+    pub fn new(
+        config: &crate::config::Config,
+        rule: &str,
+        subscription: &str,
+        target_config: &TargetConfig,
+        target: Arc<dyn Target>,
+        resources: &targets::Resources,
+    ) -> Result<Delivery, TargetError> {
+        let (retry, dead_letter) = target_config.delivery();
+        let dead_letter = match dead_letter {
+            None => None,
+            Some(DeadLetterConfig { bus: Some(bus), .. }) => {
+                let log = resources.buses.get(bus).ok_or_else(|| {
+                    TargetError::fatal(format!("dead_letter.bus `{bus}` is not defined"))
+                })?;
+                Some(DeadLetter::Bus {
+                    name: bus.clone(),
+                    log: log.clone(),
+                })
+            }
+            Some(DeadLetterConfig {
+                target: Some(t), ..
+            }) => Some(DeadLetter::Target(targets::build(config, t, resources)?)),
+            Some(_) => {
+                return Err(TargetError::fatal(
+                    "dead_letter needs exactly one of `bus` or `target`",
+                ))
+            }
+        };
+        Ok(Delivery::with_policy(
+            target,
+            &retry,
+            &config.delivery,
+            dead_letter,
+            rule,
+            subscription,
+        ))
+    }
+
+    fn with_policy(
+        target: Arc<dyn Target>,
+        retry: &RetryConfig,
+        delivery: &DeliveryConfig,
+        dead_letter: Option<DeadLetter>,
+        rule: &str,
+        subscription: &str,
+    ) -> Delivery {
+        Delivery {
+            target,
+            policy: Policy {
+                max_attempts: retry.max_attempts.max(1),
+                max_event_age: retry.max_event_age,
+                initial_backoff: retry.initial_backoff.unwrap_or(delivery.initial_backoff),
+                max_backoff: retry.max_backoff.unwrap_or(delivery.max_backoff),
+            },
+            dead_letter,
+            rule: rule.to_string(),
+            subscription: subscription.to_string(),
+        }
+    }
+
+    /// A delivery with the default policy and no dead letters (tests, simple callers).
+    pub fn simple(target: Arc<dyn Target>, delivery: &DeliveryConfig, subscription: &str) -> Self {
+        Delivery::with_policy(
+            target,
+            &RetryConfig::default(),
+            delivery,
+            None,
+            "",
+            subscription,
+        )
+    }
+
+    pub fn describe(&self) -> String {
+        self.target.describe()
+    }
+
+    /// Delivers the batch: returns once every event of it is delivered or dead-lettered.
+    /// Cancelling it (dropping the future) is safe: the position has not moved, so the batch
+    /// is delivered again later (at least once).
+    pub async fn deliver(&self, events: &[Envelope]) {
+        if events.is_empty() {
+            return;
+        }
+        let first = Instant::now();
+        let mut attempts = 0u32;
+        let last_error = loop {
+            attempts += 1;
+            match self.target.deliver(events).await {
+                Ok(()) => return,
+                Err(e) => {
+                    self.log_failure(&e, attempts, events.len());
+                    if events.len() > 1 && (!e.retryable || self.exhausted(attempts, first)) {
+                        break e;
+                    }
+                    if !e.retryable || self.exhausted(attempts, first) {
+                        self.dead_letter(&events[0], &e, attempts).await;
+                        return;
+                    }
+                    tokio::time::sleep(self.backoff(attempts, e.retry_after)).await;
+                }
+            }
+        };
+        // The batch failed for good: go one event at a time so only the events that fail
+        // on their own are dead-lettered. Their attempt count continues from the batch's.
+        tracing::debug!(subscription = %self.subscription, error = %last_error, "batch failed; delivering its events one by one");
+        for event in events {
+            self.deliver_one(event, attempts, first).await;
+        }
+    }
+
+    async fn deliver_one(&self, event: &Envelope, mut attempts: u32, first: Instant) {
+        let one = std::slice::from_ref(event);
+        loop {
+            attempts += 1;
+            match self.target.deliver(one).await {
+                Ok(()) => return,
+                Err(e) => {
+                    self.log_failure(&e, attempts, 1);
+                    if !e.retryable || self.exhausted(attempts, first) {
+                        self.dead_letter(event, &e, attempts).await;
+                        return;
+                    }
+                    tokio::time::sleep(self.backoff(attempts, e.retry_after)).await;
+                }
+            }
+        }
+    }
+
+    fn exhausted(&self, attempts: u32, first: Instant) -> bool {
+        attempts >= self.policy.max_attempts || first.elapsed() >= self.policy.max_event_age
+    }
+
+    fn log_failure(&self, e: &TargetError, attempts: u32, events: usize) {
+        tracing::warn!(
+            subscription = %self.subscription,
+            target = %self.target.describe(),
+            retryable = e.retryable,
+            status = e.status,
+            attempts,
+            events,
+            error = %e,
+            "delivery failed"
+        );
+    }
+
+    /// Exponential backoff with "equal jitter" (half fixed, half random), or what the peer
+    /// asked for with `Retry-After` (capped at an hour so a bad header cannot park a task).
+    fn backoff(&self, attempts: u32, retry_after: Option<Duration>) -> Duration {
+        if let Some(wait) = retry_after {
+            return wait.min(Duration::from_secs(3600));
+        }
+        backoff(
+            self.policy.initial_backoff,
+            self.policy.max_backoff,
+            attempts,
+        )
+    }
+
+    /// Sends the event to the dead-letter destination, retrying that until it succeeds. With
+    /// no destination configured the event stays pending: it is retried at the longest
+    /// backoff, loudly, rather than dropped.
+    async fn dead_letter(&self, event: &Envelope, error: &TargetError, attempts: u32) {
+        let Some(dead_letter) = &self.dead_letter else {
+            tracing::error!(
+                subscription = %self.subscription,
+                error = %error,
+                attempts,
+                "event cannot be delivered and no dead_letter is configured: it stays pending and is retried"
+            );
+            let mut attempts = attempts;
+            loop {
+                tokio::time::sleep(self.policy.max_backoff).await;
+                attempts += 1;
+                match self.target.deliver(std::slice::from_ref(event)).await {
+                    Ok(()) => return,
+                    Err(e) => self.log_failure(&e, attempts, 1),
+                }
+            }
+        };
+        let letter = match self.letter(event, error, attempts) {
+            Ok(letter) => letter,
+            Err(e) => {
+                // The stored event does not even decode: keep its bytes as data of a wrapper.
+                tracing::error!(subscription = %self.subscription, error = %e, "dead-lettering an undecodable event as an opaque wrapper");
+                match self.opaque_letter(event, error, attempts) {
+                    Ok(letter) => letter,
+                    Err(e) => {
+                        tracing::error!(subscription = %self.subscription, error = %e, "cannot build a dead letter; the event stays pending");
+                        std::future::pending::<()>().await;
+                        return;
+                    }
+                }
+            }
+        };
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let result = match dead_letter {
+                DeadLetter::Bus { name, log } => match targets::stored(&letter, log.shards()) {
+                    Ok(record) => targets::append_to_bus(log.as_ref(), name, vec![record]).await,
+                    Err(e) => Err(e),
+                },
+                DeadLetter::Target(target) => {
+                    let raw = match crate::ingress::cloudevent::encode(&letter) {
+                        Ok(raw) => bytes::Bytes::from(raw),
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot encode a dead letter");
+                            std::future::pending::<()>().await;
+                            return;
+                        }
+                    };
+                    target
+                        .deliver(&[Envelope {
+                            raw,
+                            event: Some(letter.clone()),
+                        }])
+                        .await
+                }
+            };
+            match result {
+                Ok(()) => {
+                    tracing::warn!(subscription = %self.subscription, attempts, reason = %error, "event dead-lettered");
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(subscription = %self.subscription, error = %e, tries, "dead-letter delivery failed; retrying");
+                    tokio::time::sleep(backoff(
+                        self.policy.initial_backoff,
+                        self.policy.max_backoff,
+                        tries,
+                    ))
+                    .await;
+                }
+            }
+        }
+    }
+
+    fn letter(
+        &self,
+        event: &Envelope,
+        error: &TargetError,
+        attempts: u32,
+    ) -> Result<cloudevents::Event, TargetError> {
+        let mut letter = event.decoded()?.into_owned();
+        self.annotate(&mut letter, error, attempts);
+        Ok(letter)
+    }
+
+    fn opaque_letter(
+        &self,
+        event: &Envelope,
+        error: &TargetError,
+        attempts: u32,
+    ) -> Result<cloudevents::Event, TargetError> {
+        use cloudevents::EventBuilder;
+        let mut letter = cloudevents::EventBuilderV10::new()
+            .id(format!("{}-{}", self.subscription, fastrand::u64(..)))
+            .source("/sluice/dead-letter")
+            .ty("io.sluice.deadletter.undecodable")
+            .data(
+                "application/octet-stream",
+                cloudevents::Data::Binary(event.raw.to_vec()),
+            )
+            .build()
+            .map_err(|e| TargetError::fatal(e.to_string()))?;
+        self.annotate(&mut letter, error, attempts);
+        Ok(letter)
+    }
+
+    fn annotate(&self, letter: &mut cloudevents::Event, error: &TargetError, attempts: u32) {
+        letter.set_extension("deadletterreason", error.message.clone());
+        letter.set_extension(
+            "deadletterstatus",
+            error
+                .status
+                .map_or_else(|| "none".to_string(), |s| s.to_string()),
+        );
+        letter.set_extension(
+            "deadletterattempts",
+            ExtensionValue::Integer(i64::from(attempts)),
+        );
+        letter.set_extension("deadletterrule", self.rule.clone());
+        letter.set_extension("deadlettertarget", self.target.describe());
+    }
+}
+
+/// `initial * 2^(attempt-1)` capped at `max`, half of it fixed and half random.
+pub fn backoff(initial: Duration, max: Duration, attempt: u32) -> Duration {
+    let exp = attempt.saturating_sub(1).min(30);
+    let base = initial.saturating_mul(1u32 << exp).min(max);
+    let half = base / 2;
+    half + Duration::from_nanos(fastrand::u64(
+        ..=half.as_nanos().min(u128::from(u64::MAX)) as u64,
+    ))
+}
+
+/// A token bucket shared by a target's tasks: at most `per_second` events on average, with
+/// bursts up to `burst`.
+pub struct RateLimiter {
+    per_second: f64,
+    burst: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl RateLimiter {
+    pub fn new(per_second: f64, burst: u32) -> RateLimiter {
+        let burst = f64::from(burst.max(1));
+        RateLimiter {
+            per_second,
+            burst,
+            state: Mutex::new((burst, Instant::now())),
+        }
+    }
+
+    /// Waits for one token.
+    pub async fn acquire(&self) {
+        loop {
+            let wait = {
+                let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                let now = Instant::now();
+                let (tokens, last) = *state;
+                let tokens = (tokens + now.duration_since(last).as_secs_f64() * self.per_second)
+                    .min(self.burst);
+                if tokens >= 1.0 {
+                    *state = (tokens - 1.0, now);
+                    return;
+                }
+                *state = (tokens, now);
+                Duration::from_secs_f64((1.0 - tokens) / self.per_second)
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// Stops calling an endpoint that keeps failing: after `threshold` failures in a row it
+/// opens for `open_for` (calls fail at once, retryably), then lets one probe through; the
+/// probe's result closes it again or re-opens it.
+pub struct CircuitBreaker {
+    threshold: u32,
+    open_for: Duration,
+    state: Mutex<Breaker>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Breaker {
+    Closed { failures: u32 },
+    Open { until: Instant },
+    Probing,
+}
+
+impl CircuitBreaker {
+    pub fn new(threshold: u32, open_for: Duration) -> CircuitBreaker {
+        CircuitBreaker {
+            threshold: threshold.max(1),
+            open_for,
+            state: Mutex::new(Breaker::Closed { failures: 0 }),
+        }
+    }
+
+    /// May a call go out now? The error says how long until the next probe.
+    pub fn admit(&self) -> Result<(), TargetError> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match *state {
+            Breaker::Closed { .. } => Ok(()),
+            Breaker::Open { until } => {
+                let now = Instant::now();
+                if now >= until {
+                    *state = Breaker::Probing;
+                    Ok(())
+                } else {
+                    Err(TargetError {
+                        message: "circuit breaker open: the endpoint failed repeatedly".to_string(),
+                        retryable: true,
+                        status: None,
+                        retry_after: Some(until - now),
+                    })
+                }
+            }
+            Breaker::Probing => Err(TargetError {
+                message: "circuit breaker half-open: a probe is in flight".to_string(),
+                retryable: true,
+                status: None,
+                retry_after: Some(Duration::from_millis(100)),
+            }),
+        }
+    }
+
+    /// Records a call's result. `healthy` is false only for failures that say the endpoint
+    /// is down (network errors, timeouts, 5xx, 429), not for refused events.
+    pub fn record(&self, healthy: bool) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        *state = match (*state, healthy) {
+            (_, true) => Breaker::Closed { failures: 0 },
+            (Breaker::Closed { failures }, false) if failures + 1 < self.threshold => {
+                Breaker::Closed {
+                    failures: failures + 1,
+                }
+            }
+            _ => Breaker::Open {
+                until: Instant::now() + self.open_for,
+            },
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let ms = Duration::from_millis;
+        for attempt in 1..40 {
+            let b = backoff(ms(100), ms(5000), attempt);
+            let base = ms(100)
+                .saturating_mul(1 << (attempt - 1).min(30))
+                .min(ms(5000));
+            assert!(b >= base / 2 && b <= base, "{attempt}: {b:?}");
+        }
+    }
+
+    #[test]
+    fn breaker_opens_then_probes() {
+        let b = CircuitBreaker::new(2, Duration::from_millis(30));
+        assert!(b.admit().is_ok());
+        b.record(false);
+        assert!(b.admit().is_ok());
+        b.record(false);
+        let e = b.admit().unwrap_err();
+        assert!(e.retryable && e.retry_after.is_some());
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(b.admit().is_ok(), "one probe goes through");
+        assert!(b.admit().is_err(), "only one");
+        b.record(true);
+        assert!(b.admit().is_ok());
+    }
+}

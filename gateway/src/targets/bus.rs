@@ -1,0 +1,57 @@
+//! The `bus` target: puts each event, unchanged, on another bus (shard by its partition key).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+
+use super::{append_to_bus, Envelope, Resources, Target, TargetError};
+use crate::config::{DeadLetterConfig, RetryConfig};
+use crate::store::BusLog;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BusTargetConfig {
+    pub name: String,
+    pub bus: String,
+    #[serde(default)]
+    pub retry: RetryConfig,
+    #[serde(default)]
+    pub dead_letter: Option<DeadLetterConfig>,
+}
+
+pub struct BusTarget {
+    bus: String,
+    log: Arc<dyn BusLog>,
+}
+
+impl BusTarget {
+    pub fn new(config: &BusTargetConfig, resources: &Resources) -> Result<BusTarget, TargetError> {
+        let log = resources
+            .buses
+            .get(&config.bus)
+            .ok_or_else(|| TargetError::fatal(format!("bus `{}` is not defined", config.bus)))?;
+        Ok(BusTarget {
+            bus: config.bus.clone(),
+            log: log.clone(),
+        })
+    }
+}
+
+#[async_trait]
+impl Target for BusTarget {
+    async fn deliver(&self, events: &[Envelope]) -> Result<(), TargetError> {
+        let shards = self.log.shards();
+        let mut records = Vec::with_capacity(events.len());
+        for envelope in events {
+            let event = envelope.decoded()?;
+            let key = crate::ingress::cloudevent::partition_key(&event);
+            records.push((crate::ingress::shard_of(&key, shards), envelope.raw.clone()));
+        }
+        append_to_bus(self.log.as_ref(), &self.bus, records).await
+    }
+
+    fn describe(&self) -> String {
+        format!("bus {}", self.bus)
+    }
+}

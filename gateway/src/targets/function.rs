@@ -1,0 +1,149 @@
+//! The `function` target: POSTs each event (binary mode) to an HTTP function. A CloudEvent in
+//! the answer (binary or structured) is put on `reply_bus` (Knative reply semantics), with
+//! the `sluicehops` extension counting how many functions the chain has passed: past
+//! `max_hops` the reply is refused, which stops loops. An answer body that is not a
+//! CloudEvent is an error; an empty answer is a plain success.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use cloudevents::event::ExtensionValue;
+use serde::Deserialize;
+
+use super::http::{self as http_target, BodyMode};
+use super::{append_to_bus, stored, Envelope, Resources, Target, TargetError};
+use crate::config::{DeadLetterConfig, RetryConfig};
+use crate::ingress::cloudevent::{self, ContentMode};
+use crate::store::BusLog;
+
+pub const HOPS: &str = "sluicehops";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionConfig {
+    pub name: String,
+    pub url: String,
+    /// The bus replies are put on.
+    pub reply_bus: String,
+    /// Most functions an event may pass through (its reply chain), to stop loops.
+    #[serde(default = "defaults::max_hops")]
+    pub max_hops: i64,
+    #[serde(
+        default = "defaults::timeout",
+        deserialize_with = "crate::config::duration"
+    )]
+    pub timeout: Duration,
+    #[serde(default)]
+    pub retry: RetryConfig,
+    #[serde(default)]
+    pub dead_letter: Option<DeadLetterConfig>,
+}
+
+mod defaults {
+    use std::time::Duration;
+    pub(super) fn max_hops() -> i64 {
+        8
+    }
+    pub(super) fn timeout() -> Duration {
+        Duration::from_secs(30)
+    }
+}
+
+impl FunctionConfig {
+    pub fn check(&self) -> Result<(), String> {
+        url::Url::parse(&self.url).map_err(|e| format!("url `{}`: {e}", self.url))?;
+        if self.max_hops < 1 {
+            return Err("`max_hops` must be at least 1".to_string());
+        }
+        Ok(())
+    }
+}
+
+pub struct FunctionTarget {
+    config: FunctionConfig,
+    client: reqwest::Client,
+    reply: Arc<dyn BusLog>,
+}
+
+impl FunctionTarget {
+    pub fn new(
+        config: &FunctionConfig,
+        resources: &Resources,
+    ) -> Result<FunctionTarget, TargetError> {
+        config.check().map_err(TargetError::fatal)?;
+        let reply = resources.buses.get(&config.reply_bus).ok_or_else(|| {
+            TargetError::fatal(format!("reply_bus `{}` is not defined", config.reply_bus))
+        })?;
+        Ok(FunctionTarget {
+            config: config.clone(),
+            client: http_target::client(config.timeout, Duration::from_secs(3), false)?,
+            reply: reply.clone(),
+        })
+    }
+
+    async fn call(&self, envelope: &Envelope) -> Result<(), TargetError> {
+        let event = envelope.decoded()?;
+        let hops = match event.extension(HOPS) {
+            Some(ExtensionValue::Integer(n)) => *n,
+            Some(ExtensionValue::String(s)) => s.parse().unwrap_or(0),
+            _ => 0,
+        };
+        let request = http_target::encode(envelope, BodyMode::Binary)?;
+        let url = &self.config.url;
+        let response = self
+            .client
+            .post(url)
+            .headers(request.headers)
+            .body(request.body)
+            .send()
+            .await
+            .map_err(|e| http_target::send_error(url, &e))?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        http_target::status_result(status, &headers, url)?;
+        let body = response.bytes().await.map_err(|e| {
+            TargetError::retryable(format!("{url}: reading the answer failed: {e}"))
+        })?;
+        if body.is_empty() && !headers.contains_key("ce-specversion") {
+            return Ok(());
+        }
+        let mut reply = match cloudevent::content_mode(&headers) {
+            Ok(ContentMode::Binary) => cloudevent::from_binary(&headers, &body).map(|p| p.event),
+            Ok(ContentMode::Structured) => cloudevent::from_structured(&body),
+            Ok(ContentMode::Batch) => Err(cloudevent::EventError::unsupported(
+                "a batch is not a reply",
+            )),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| TargetError {
+            message: format!("{url} answered with a body that is not a CloudEvent: {e}"),
+            retryable: false,
+            status: Some(status.as_u16()),
+            retry_after: None,
+        })?;
+        if hops + 1 > self.config.max_hops {
+            return Err(TargetError::fatal(format!(
+                "reply refused: the event has passed {hops} functions, max_hops is {}",
+                self.config.max_hops
+            )));
+        }
+        reply.set_extension(HOPS, ExtensionValue::Integer(hops + 1));
+        let record = stored(&reply, self.reply.shards())?;
+        append_to_bus(self.reply.as_ref(), &self.config.reply_bus, vec![record]).await
+    }
+}
+
+#[async_trait]
+impl Target for FunctionTarget {
+    async fn deliver(&self, events: &[Envelope]) -> Result<(), TargetError> {
+        for event in events {
+            self.call(event).await?;
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("function {}", self.config.url)
+    }
+}

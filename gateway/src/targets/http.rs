@@ -1,0 +1,469 @@
+//! The `http` target: POSTs each event to a URL in binary mode (`ce-*` headers, data as the
+//! body), structured mode (`application/cloudevents+json`), or raw (the data alone).
+//!
+//! Optional Standard Webhooks signatures (`webhook-id`, `webhook-timestamp`,
+//! `webhook-signature`), bearer / basic / API-key auth, custom headers, timeouts, a rate
+//! limit, a cap on requests in flight, and a circuit breaker. Connections are pooled by the
+//! client (HTTP/1.1 keep-alive; h2 by ALPN or with `http2_prior_knowledge`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use base64::Engine;
+use hmac::{KeyInit, Mac};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
+use tokio::sync::Semaphore;
+
+use super::{attributes, data_bytes, secret, Envelope, Target, TargetError};
+use crate::config::{DeadLetterConfig, RetryConfig};
+use crate::runtime::delivery::{CircuitBreaker, RateLimiter};
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BodyMode {
+    /// Attributes as `ce-*` headers, the data as the body.
+    #[default]
+    Binary,
+    /// The whole event as `application/cloudevents+json`.
+    Structured,
+    /// The data alone, as a plain webhook.
+    Raw,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, tag = "type", rename_all = "kebab-case")]
+pub enum AuthConfig {
+    /// `Authorization: Bearer <token>`.
+    Bearer { token: String },
+    /// `Authorization: Basic base64(user:password)`.
+    Basic { username: String, password: String },
+    /// A header carrying a key, e.g. `x-api-key`.
+    ApiKey { header: String, key: String },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CircuitBreakerConfig {
+    /// Failures in a row (network errors, timeouts, 5xx, 429) that open the circuit.
+    #[serde(default = "defaults::breaker_failures")]
+    pub failures: u32,
+    /// How long it stays open before one probe is let through.
+    #[serde(
+        default = "defaults::breaker_open_for",
+        deserialize_with = "crate::config::duration"
+    )]
+    pub open_for: Duration,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    pub name: String,
+    pub url: String,
+    #[serde(default)]
+    pub mode: BodyMode,
+    /// Extra request headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Time for the whole request, answer included.
+    #[serde(
+        default = "defaults::timeout",
+        deserialize_with = "crate::config::duration"
+    )]
+    pub timeout: Duration,
+    #[serde(
+        default = "defaults::connect_timeout",
+        deserialize_with = "crate::config::duration"
+    )]
+    pub connect_timeout: Duration,
+    /// Speak h2 without TLS negotiation (h2c).
+    #[serde(default)]
+    pub http2_prior_knowledge: bool,
+    /// Standard Webhooks signing secret (`whsec_...`, or `env:VAR`).
+    #[serde(default)]
+    pub signing_secret: Option<String>,
+    #[serde(default)]
+    pub auth: Option<AuthConfig>,
+    /// Most events per second to this endpoint (all tasks together).
+    #[serde(default)]
+    pub rate_limit: Option<f64>,
+    /// Most requests in flight to this endpoint (all tasks together).
+    #[serde(default = "defaults::max_in_flight")]
+    pub max_in_flight: usize,
+    /// Send a batch's events concurrently (up to `max_in_flight`) instead of in order.
+    #[serde(default)]
+    pub concurrent: bool,
+    #[serde(default)]
+    pub circuit_breaker: Option<CircuitBreakerConfig>,
+    #[serde(default)]
+    pub retry: RetryConfig,
+    #[serde(default)]
+    pub dead_letter: Option<DeadLetterConfig>,
+}
+
+mod defaults {
+    use std::time::Duration;
+    pub(super) fn timeout() -> Duration {
+        Duration::from_secs(10)
+    }
+    pub(super) fn connect_timeout() -> Duration {
+        Duration::from_secs(3)
+    }
+    pub(super) fn max_in_flight() -> usize {
+        16
+    }
+    pub(super) fn breaker_failures() -> u32 {
+        5
+    }
+    pub(super) fn breaker_open_for() -> Duration {
+        Duration::from_secs(30)
+    }
+}
+
+impl HttpConfig {
+    pub fn check(&self) -> Result<(), String> {
+        let url = url::Url::parse(&self.url).map_err(|e| format!("url `{}`: {e}", self.url))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!("url `{}` must be http or https", self.url));
+        }
+        for (name, value) in &self.headers {
+            HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("header name `{name}` is not valid"))?;
+            HeaderValue::from_str(value)
+                .map_err(|_| format!("header `{name}`: value is not valid"))?;
+        }
+        if let Some(s) = &self.signing_secret {
+            if !s.starts_with("env:") {
+                signing_key(s)?;
+            }
+        }
+        if let Some(rate) = self.rate_limit {
+            if !(rate.is_finite() && rate > 0.0) {
+                return Err("`rate_limit` must be a positive number of events per second".into());
+            }
+        }
+        if self.max_in_flight == 0 {
+            return Err("`max_in_flight` must be greater than zero".to_string());
+        }
+        if self.timeout.is_zero() {
+            return Err("`timeout` must be greater than zero".to_string());
+        }
+        Ok(())
+    }
+}
+
+/// The HMAC key of a `whsec_<base64>` secret.
+fn signing_key(secret: &str) -> Result<Vec<u8>, String> {
+    let encoded = secret
+        .strip_prefix("whsec_")
+        .ok_or("`signing_secret` must start with `whsec_`")?;
+    base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|_| "`signing_secret`: the part after `whsec_` is not base64".to_string())
+}
+
+/// Standard Webhooks: `v1,` + base64(HMAC-SHA256(key, "{id}.{timestamp}.{body}")).
+pub fn sign(key: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
+    let Ok(mut mac) = hmac::Hmac::<sha2::Sha256>::new_from_slice(key) else {
+        return String::new();
+    };
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    )
+}
+
+/// A request as the target will send it.
+pub(crate) struct Request {
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Vec<u8>,
+    pub(crate) id: String,
+}
+
+/// Percent-encodes a binary-mode header value (space, `"`, `%` and non-printable ASCII).
+fn header_text(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if (0x21..=0x7e).contains(&b) && b != b'"' && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Builds the body and headers of one event in the given mode.
+pub(crate) fn encode(envelope: &Envelope, mode: BodyMode) -> Result<Request, TargetError> {
+    let event = envelope.decoded()?;
+    let id = cloudevents::AttributesReader::id(event.as_ref()).to_string();
+    let mut headers = HeaderMap::new();
+    let content_type = cloudevents::AttributesReader::datacontenttype(event.as_ref())
+        .unwrap_or("application/json")
+        .to_string();
+    let body = match mode {
+        BodyMode::Structured => {
+            headers.insert(
+                reqwest::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/cloudevents+json; charset=utf-8"),
+            );
+            envelope.raw.to_vec()
+        }
+        BodyMode::Binary | BodyMode::Raw => {
+            if mode == BodyMode::Binary {
+                for (name, value) in attributes(&event) {
+                    let header =
+                        HeaderName::from_bytes(format!("ce-{name}").as_bytes()).map_err(|_| {
+                            TargetError::fatal(format!("attribute `{name}` cannot be a header"))
+                        })?;
+                    let value = HeaderValue::from_str(&header_text(&value)).map_err(|_| {
+                        TargetError::fatal(format!("attribute `{name}` cannot be a header value"))
+                    })?;
+                    headers.insert(header, value);
+                }
+            }
+            if let Ok(v) = HeaderValue::from_str(&content_type) {
+                headers.insert(reqwest::header::CONTENT_TYPE, v);
+            }
+            data_bytes(&event)
+        }
+    };
+    Ok(Request { headers, body, id })
+}
+
+/// Reads `Retry-After`: seconds, or an HTTP date.
+pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+    let wait = at.with_timezone(&chrono::Utc) - chrono::Utc::now();
+    Some(wait.to_std().unwrap_or(Duration::ZERO))
+}
+
+/// Whether an HTTP status means "try again later": 408, 429 and 5xx.
+pub(crate) fn retryable_status(status: u16) -> bool {
+    status == 408 || status == 429 || status >= 500
+}
+
+/// Turns a response status into the delivery result.
+pub(crate) fn status_result(
+    status: reqwest::StatusCode,
+    headers: &HeaderMap,
+    url: &str,
+) -> Result<(), TargetError> {
+    if status.is_success() {
+        return Ok(());
+    }
+    let code = status.as_u16();
+    Err(TargetError {
+        message: format!("{url} answered {status}"),
+        retryable: retryable_status(code),
+        status: Some(code),
+        retry_after: if code == 429 || code == 503 {
+            retry_after(headers)
+        } else {
+            None
+        },
+    })
+}
+
+pub(crate) fn client(
+    timeout: Duration,
+    connect_timeout: Duration,
+    http2_prior_knowledge: bool,
+) -> Result<reqwest::Client, TargetError> {
+    let mut builder = reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(connect_timeout)
+        .pool_idle_timeout(Duration::from_secs(60))
+        .tcp_nodelay(true);
+    if http2_prior_knowledge {
+        builder = builder.http2_prior_knowledge();
+    }
+    builder
+        .build()
+        .map_err(|e| TargetError::fatal(format!("cannot build the HTTP client: {e}")))
+}
+
+pub(crate) fn send_error(url: &str, e: &reqwest::Error) -> TargetError {
+    let what = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "connection failed"
+    } else {
+        "request failed"
+    };
+    // Network failures may heal; a request that cannot even be built will not.
+    TargetError::retryable(format!("{url}: {what}: {e}")).with_builder(e.is_builder())
+}
+
+impl TargetError {
+    fn with_builder(mut self, builder: bool) -> Self {
+        if builder {
+            self.retryable = false;
+        }
+        self
+    }
+}
+
+pub struct HttpTarget {
+    config: HttpConfig,
+    client: reqwest::Client,
+    headers: HeaderMap,
+    signing_key: Option<Vec<u8>>,
+    limiter: Option<RateLimiter>,
+    in_flight: Arc<Semaphore>,
+    breaker: Option<CircuitBreaker>,
+}
+
+impl HttpTarget {
+    pub fn new(config: &HttpConfig) -> Result<HttpTarget, TargetError> {
+        config.check().map_err(TargetError::fatal)?;
+        let mut headers = HeaderMap::new();
+        for (name, value) in &config.headers {
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| TargetError::fatal(format!("header name `{name}` is not valid")))?;
+            let value = HeaderValue::from_str(value)
+                .map_err(|_| TargetError::fatal("header value is not valid"))?;
+            headers.insert(name, value);
+        }
+        match &config.auth {
+            None => {}
+            Some(AuthConfig::Bearer { token }) => {
+                headers.insert(
+                    reqwest::header::AUTHORIZATION,
+                    sensitive(&format!("Bearer {}", secret(token)?))?,
+                );
+            }
+            Some(AuthConfig::Basic { username, password }) => {
+                let pair = format!("{}:{}", secret(username)?, secret(password)?);
+                let value = format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(pair)
+                );
+                headers.insert(reqwest::header::AUTHORIZATION, sensitive(&value)?);
+            }
+            Some(AuthConfig::ApiKey { header, key }) => {
+                let name = HeaderName::from_bytes(header.as_bytes()).map_err(|_| {
+                    TargetError::fatal(format!("auth header `{header}` is not valid"))
+                })?;
+                headers.insert(name, sensitive(&secret(key)?)?);
+            }
+        }
+        let signing_key = match &config.signing_secret {
+            Some(s) => Some(signing_key(&secret(s)?).map_err(TargetError::fatal)?),
+            None => None,
+        };
+        Ok(HttpTarget {
+            client: client(
+                config.timeout,
+                config.connect_timeout,
+                config.http2_prior_knowledge,
+            )?,
+            headers,
+            signing_key,
+            limiter: config
+                .rate_limit
+                .map(|r| RateLimiter::new(r, r.ceil() as u32)),
+            in_flight: Arc::new(Semaphore::new(config.max_in_flight)),
+            breaker: config
+                .circuit_breaker
+                .as_ref()
+                .map(|b| CircuitBreaker::new(b.failures, b.open_for)),
+            config: config.clone(),
+        })
+    }
+
+    async fn send_one(&self, envelope: &Envelope) -> Result<(), TargetError> {
+        let request = encode(envelope, self.config.mode)?;
+        if let Some(limiter) = &self.limiter {
+            limiter.acquire().await;
+        }
+        if let Some(breaker) = &self.breaker {
+            breaker.admit()?;
+        }
+        let _permit = self
+            .in_flight
+            .acquire()
+            .await
+            .map_err(|_| TargetError::retryable("target is shutting down"))?;
+        let mut headers = self.headers.clone();
+        headers.extend(request.headers);
+        if let Some(key) = &self.signing_key {
+            let timestamp = chrono::Utc::now().timestamp();
+            let signature = sign(key, &request.id, timestamp, &request.body);
+            for (name, value) in [
+                ("webhook-id", request.id.clone()),
+                ("webhook-timestamp", timestamp.to_string()),
+                ("webhook-signature", signature),
+            ] {
+                let value = HeaderValue::from_str(&value).map_err(|_| {
+                    TargetError::fatal(format!("{name} is not a valid header value"))
+                })?;
+                headers.insert(name, value);
+            }
+        }
+        let result = match self
+            .client
+            .post(&self.config.url)
+            .headers(headers)
+            .body(request.body)
+            .send()
+            .await
+        {
+            Ok(response) => status_result(response.status(), response.headers(), &self.config.url),
+            Err(e) => Err(send_error(&self.config.url, &e)),
+        };
+        if let Some(breaker) = &self.breaker {
+            let healthy = match &result {
+                Ok(()) => true,
+                Err(e) => !(e.retryable && e.status.is_none_or(retryable_status)),
+            };
+            breaker.record(healthy);
+        }
+        result
+    }
+}
+
+fn sensitive(value: &str) -> Result<HeaderValue, TargetError> {
+    let mut value = HeaderValue::from_str(value)
+        .map_err(|_| TargetError::fatal("auth value is not a valid header value"))?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+#[async_trait]
+impl Target for HttpTarget {
+    async fn deliver(&self, events: &[Envelope]) -> Result<(), TargetError> {
+        if !self.config.concurrent {
+            for event in events {
+                self.send_one(event).await?;
+            }
+            return Ok(());
+        }
+        // Concurrent: all of the batch at once, bounded by `max_in_flight` in `send_one`.
+        let results = futures::future::join_all(events.iter().map(|e| self.send_one(e))).await;
+        results
+            .into_iter()
+            .find_map(Result::err)
+            .map_or(Ok(()), Err)
+    }
+
+    fn describe(&self) -> String {
+        format!("http {}", self.config.url)
+    }
+}

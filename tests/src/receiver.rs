@@ -1,0 +1,243 @@
+//! An HTTP/1.1 receiver on a free loopback port, for target tests. It records every request
+//! and answers from a script (then a default answer): a status, 429 with Retry-After, a
+//! CloudEvent reply, a sleep, a hang, or a dropped connection. Written on raw TCP so that
+//! hanging and closing are real socket behaviour.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// How the receiver answers one request.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// An empty answer with this status.
+    Status(u16),
+    /// `429 Too Many Requests` with `Retry-After: secs`.
+    RetryAfter(u64),
+    /// Waits, then answers with the status.
+    Sleep(Duration, u16),
+    /// Never answers (the connection stays open until the client gives up).
+    Hang,
+    /// Closes the connection without answering.
+    Close,
+    /// A full answer: status, headers and body (e.g. a CloudEvent for a function).
+    Full(u16, Vec<(String, String)>, Vec<u8>),
+}
+
+/// One request as received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub method: String,
+    pub path: String,
+    /// Header names lower-cased, in arrival order.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub at: Instant,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    script: VecDeque<Reply>,
+    default: Option<Reply>,
+    received: Vec<Received>,
+    /// Requests answered with 2xx.
+    accepted: usize,
+}
+
+pub struct Receiver {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Receiver {
+    /// Starts a receiver answering 200 to everything.
+    pub async fn start() -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind receiver");
+        let addr = listener.local_addr().expect("receiver address");
+        let state = Arc::new(Mutex::new(State {
+            default: Some(Reply::Status(200)),
+            ..State::default()
+        }));
+        let shared = state.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(serve(stream, shared.clone()));
+            }
+        });
+        Receiver { addr, state, task }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Answers the next requests with these, in order, then with the default.
+    pub fn script(&self, replies: impl IntoIterator<Item = Reply>) {
+        self.state.lock().unwrap().script.extend(replies);
+    }
+
+    /// The answer once the script is used up.
+    pub fn default_reply(&self, reply: Reply) {
+        self.state.lock().unwrap().default = Some(reply);
+    }
+
+    /// Fails the next `n` requests with `status`, then succeeds.
+    pub fn fail_times(&self, n: usize, status: u16) {
+        self.script(std::iter::repeat_n(Reply::Status(status), n));
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.state.lock().unwrap().received.clone()
+    }
+
+    /// Requests answered with a 2xx.
+    pub fn accepted(&self) -> usize {
+        self.state.lock().unwrap().accepted
+    }
+
+    /// Waits until `pred` holds for what was received, or panics after `limit`.
+    pub async fn wait_for(
+        &self,
+        limit: Duration,
+        pred: impl Fn(&[Received]) -> bool,
+    ) -> Vec<Received> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let received = self.received();
+            if pred(&received) {
+                return received;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "receiver condition not met after {limit:?}; {} requests received",
+                received.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
+    let mut buf = Vec::with_capacity(8192);
+    loop {
+        // Read one request head.
+        let head_end = loop {
+            if let Some(i) = find(&buf, b"\r\n\r\n") {
+                break i;
+            }
+            let mut chunk = [0u8; 8192];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+        let mut lines = head.split("\r\n");
+        let request_line = lines.next().unwrap_or_default().to_string();
+        let mut parts = request_line.split(' ');
+        let method = parts.next().unwrap_or_default().to_string();
+        let path = parts.next().unwrap_or_default().to_string();
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        let length: usize = headers
+            .iter()
+            .find(|(k, _)| k == "content-length")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0);
+        let body_start = head_end + 4;
+        while buf.len() < body_start + length {
+            let mut chunk = [0u8; 8192];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let body = buf[body_start..body_start + length].to_vec();
+        buf.drain(..body_start + length);
+        let reply = {
+            let mut state = state.lock().unwrap();
+            state.received.push(Received {
+                method,
+                path,
+                headers,
+                body,
+                at: Instant::now(),
+            });
+            let reply = state
+                .script
+                .pop_front()
+                .or_else(|| state.default.clone())
+                .unwrap_or(Reply::Status(200));
+            let status = match &reply {
+                Reply::Status(s) | Reply::Sleep(_, s) | Reply::Full(s, _, _) => *s,
+                _ => 0,
+            };
+            if (200..300).contains(&status) {
+                state.accepted += 1;
+            }
+            reply
+        };
+        let (status, headers, body) = match reply {
+            Reply::Status(s) => (s, vec![], vec![]),
+            Reply::RetryAfter(secs) => (
+                429,
+                vec![("retry-after".to_string(), secs.to_string())],
+                vec![],
+            ),
+            Reply::Sleep(d, s) => {
+                tokio::time::sleep(d).await;
+                (s, vec![], vec![])
+            }
+            Reply::Hang => {
+                // Hold the connection until the client gives up (bounded for tidiness).
+                tokio::time::sleep(Duration::from_secs(600)).await;
+                return;
+            }
+            Reply::Close => return,
+            Reply::Full(s, h, b) => (s, h, b),
+        };
+        let mut out = format!("HTTP/1.1 {status} X\r\ncontent-length: {}\r\n", body.len());
+        for (k, v) in headers {
+            out.push_str(&format!("{k}: {v}\r\n"));
+        }
+        out.push_str("\r\n");
+        let mut bytes = out.into_bytes();
+        bytes.extend_from_slice(&body);
+        if stream.write_all(&bytes).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}

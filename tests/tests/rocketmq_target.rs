@@ -1,0 +1,132 @@
+//! The RocketMQ target against a real name server and broker (see `sluice_tests::rocketmq`):
+//! the CloudEvents RocketMQ binding (CE_ properties, data as the body), tag and keys from
+//! attributes, and per-partition-key order through the queue selector.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice_tests::rocketmq::RocketMq;
+use sluice_tests::Sluice;
+
+fn target(name_server: &str, topic: &str) -> String {
+    format!(
+        r#"
+[[rules]]
+name = "to-mq"
+bus = "default"
+
+[[rules.targets]]
+type = "rocketmq"
+name = "mq"
+name_server = "{name_server}"
+topic = "{topic}"
+tag_attribute = "type"
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rocketmq_target_round_trip_with_ce_properties_and_order_per_key() {
+    let mq = RocketMq::start().await;
+    let topic = "SluiceOrders";
+    mq.ensure_topic(topic).await;
+    let consumer = mq.consume(topic, "sluice-test-consumer").await;
+    let sluice = Sluice::builder()
+        .extra(&target(&mq.name_server(), topic))
+        .start()
+        .await;
+
+    // Three partition keys, 30 events each, sent as batches (so the target batches too).
+    let client = reqwest::Client::new();
+    const PER_KEY: usize = 30;
+    for round in 0..PER_KEY {
+        let batch: Vec<Value> = ["alice", "bob", "carol"]
+            .iter()
+            .map(|key| {
+                serde_json::json!({
+                    "specversion": "1.0",
+                    "id": format!("{key}-{round}"),
+                    "source": "/shop",
+                    "type": "order.created",
+                    "subject": "orders",
+                    "partitionkey": key,
+                    "datacontenttype": "application/json",
+                    "data": {"key": key, "seq": round}
+                })
+            })
+            .collect();
+        let r = client
+            .post(sluice.events_url())
+            .header("content-type", "application/cloudevents-batch+json")
+            .body(Value::Array(batch).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+    }
+    let got = consumer
+        .wait_for(Duration::from_secs(60), |m| m.len() >= 3 * PER_KEY)
+        .await;
+    assert_eq!(got.len(), 3 * PER_KEY, "no duplicates in a clean run");
+
+    let first = got
+        .iter()
+        .find(|m| m.keys.as_deref() == Some("alice-0"))
+        .expect("alice-0");
+    assert_eq!(first.property("CE_id"), Some("alice-0"));
+    assert_eq!(first.property("CE_source"), Some("/shop"));
+    assert_eq!(first.property("CE_type"), Some("order.created"));
+    assert_eq!(first.property("CE_specversion"), Some("1.0"));
+    assert_eq!(first.property("CE_subject"), Some("orders"));
+    assert_eq!(first.property("CE_partitionkey"), Some("alice"));
+    assert_eq!(
+        first.property("CE_datacontenttype"),
+        Some("application/json")
+    );
+    assert_eq!(first.tags.as_deref(), Some("order.created"));
+    let body: Value = serde_json::from_slice(&first.body).unwrap();
+    assert_eq!(body, serde_json::json!({"key": "alice", "seq": 0}));
+
+    // Same key → same queue, and in that queue in the order they were sent.
+    let mut per_key: HashMap<String, Vec<(i32, i64, u64)>> = HashMap::new();
+    for m in &got {
+        let body: Value = serde_json::from_slice(&m.body).unwrap();
+        per_key
+            .entry(body["key"].as_str().unwrap().to_string())
+            .or_default()
+            .push((m.queue_id, m.queue_offset, body["seq"].as_u64().unwrap()));
+    }
+    for (key, mut messages) in per_key {
+        let queues: std::collections::HashSet<i32> = messages.iter().map(|m| m.0).collect();
+        assert_eq!(queues.len(), 1, "{key} spread over queues {queues:?}");
+        messages.sort_by_key(|m| m.1);
+        let seqs: Vec<u64> = messages.iter().map(|m| m.2).collect();
+        assert_eq!(
+            seqs,
+            (0..PER_KEY as u64).collect::<Vec<_>>(),
+            "{key} out of order"
+        );
+    }
+    consumer.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rocketmq_target_waits_for_a_broker_that_starts_later() {
+    // The gateway starts while the name server is not there; events wait and then go.
+    let port = sluice_tests::free_port();
+    let sluice = Sluice::builder()
+        .extra(&target(&format!("127.0.0.1:{port}"), "Late"))
+        .start()
+        .await;
+    sluice_tests::post(
+        &reqwest::Client::new(),
+        &sluice.events_url(),
+        "late-1",
+        "{}",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(sluice.log().contains("delivery failed"), "{}", sluice.log());
+}

@@ -1,0 +1,238 @@
+//! The Redis stream target (real Redis at 127.0.0.1:6379), the bus target, and the function
+//! target with its reply bus, hop limit and non-CloudEvent replies.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use sluice_tests::receiver::{Receiver, Reply};
+use sluice_tests::{bus_to_file, post, wait_jsonl, Sluice};
+
+#[tokio::test]
+async fn redis_stream_target_xadds_with_maxlen() {
+    let stream = format!(
+        "sluice-test-{}-{}",
+        std::process::id(),
+        sluice_tests::free_port()
+    );
+    let extra = format!(
+        r#"
+[[rules]]
+name = "to-redis"
+bus = "default"
+
+[[rules.targets]]
+type = "redis-stream"
+name = "stream"
+url = "redis://127.0.0.1:6379"
+stream = "{stream}"
+maxlen = 1000
+"#
+    );
+    let sluice = Sluice::builder().extra(&extra).start().await;
+    let client = reqwest::Client::new();
+    for i in 0..5 {
+        post(
+            &client,
+            &sluice.events_url(),
+            &format!("rs-{i}"),
+            &format!(r#"{{"i":{i}}}"#),
+        )
+        .await;
+    }
+    let redis = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+    let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let entries: Vec<(String, Vec<(String, String)>)> = loop {
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(&stream)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if reply.ids.len() >= 5 || std::time::Instant::now() > deadline {
+            break reply
+                .ids
+                .into_iter()
+                .map(|e| {
+                    let fields = e
+                        .map
+                        .iter()
+                        .map(|(k, v)| {
+                            (k.clone(), redis::from_redis_value_ref::<String>(v).unwrap())
+                        })
+                        .collect();
+                    (e.id, fields)
+                })
+                .collect();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(entries.len(), 5);
+    let mut ids: Vec<String> = entries
+        .iter()
+        .map(|(_, f)| f.iter().find(|(k, _)| k == "id").unwrap().1.clone())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["rs-0", "rs-1", "rs-2", "rs-3", "rs-4"]);
+    let event: serde_json::Value =
+        serde_json::from_str(&entries[0].1.iter().find(|(k, _)| k == "event").unwrap().1).unwrap();
+    assert_eq!(event["source"], "/tests");
+}
+
+#[tokio::test]
+async fn bus_target_puts_events_on_another_bus() {
+    let extra = bus_to_file("audit")
+        + r#"
+[[rules]]
+name = "copy"
+bus = "default"
+
+[[rules.targets]]
+type = "bus"
+name = "to-audit"
+bus = "audit"
+"#;
+    let sluice = Sluice::builder().extra(&extra).start().await;
+    post(
+        &reqwest::Client::new(),
+        &sluice.events_url(),
+        "copy-1",
+        r#"{"a":1}"#,
+    )
+    .await;
+    let copied = wait_jsonl(
+        &sluice.data_dir().join("audit.jsonl"),
+        Duration::from_secs(10),
+        |e| !e.is_empty(),
+    )
+    .await;
+    assert_eq!(copied[0]["id"], "copy-1");
+    assert_eq!(copied[0]["data"]["a"], 1);
+}
+
+fn function_rule(url: &str, reply_bus: &str, extra: &str) -> String {
+    format!(
+        r#"
+[[rules]]
+name = "fn"
+bus = "default"
+
+[[rules.targets]]
+type = "function"
+name = "fn"
+url = "{url}"
+reply_bus = "{reply_bus}"
+{extra}
+"#
+    )
+}
+
+fn ce_reply(id: &str) -> Reply {
+    Reply::Full(
+        200,
+        vec![
+            ("ce-specversion".into(), "1.0".into()),
+            ("ce-id".into(), id.into()),
+            ("ce-source".into(), "/function".into()),
+            ("ce-type".into(), "com.example.reply".into()),
+            ("content-type".into(), "application/json".into()),
+        ],
+        br#"{"enriched":true}"#.to_vec(),
+    )
+}
+
+#[tokio::test]
+async fn function_target_reply_goes_to_the_reply_bus() {
+    let function = Receiver::start().await;
+    function.default_reply(ce_reply("reply-1"));
+    let extra = bus_to_file("replies") + &function_rule(&function.url("/fn"), "replies", "");
+    let sluice = Sluice::builder().extra(&extra).start().await;
+    post(
+        &reqwest::Client::new(),
+        &sluice.events_url(),
+        "in-1",
+        r#"{"x":1}"#,
+    )
+    .await;
+    let replies = wait_jsonl(
+        &sluice.data_dir().join("replies.jsonl"),
+        Duration::from_secs(10),
+        |e| !e.is_empty(),
+    )
+    .await;
+    assert_eq!(replies[0]["id"], "reply-1");
+    assert_eq!(replies[0]["type"], "com.example.reply");
+    assert_eq!(replies[0]["data"]["enriched"], true);
+    assert_eq!(replies[0]["sluicehops"], 1);
+    let got = function.received();
+    assert_eq!(got[0].header("ce-id"), Some("in-1"));
+}
+
+#[tokio::test]
+async fn function_target_hop_counter_stops_a_loop() {
+    // The function replies onto the bus it listens to: without the hop limit this never ends.
+    let function = Receiver::start().await;
+    function.default_reply(ce_reply("loop"));
+    let extra = bus_to_file("dlq")
+        + &function_rule(
+            &function.url("/fn"),
+            "default",
+            "max_hops = 3\n[rules.targets.dead_letter]\nbus = \"dlq\"",
+        );
+    let sluice = Sluice::builder().extra(&extra).start().await;
+    post(&reqwest::Client::new(), &sluice.events_url(), "seed", "{}").await;
+    let dead = wait_jsonl(
+        &sluice.data_dir().join("dlq.jsonl"),
+        Duration::from_secs(10),
+        |e| !e.is_empty(),
+    )
+    .await;
+    assert!(
+        dead[0]["deadletterreason"]
+            .as_str()
+            .unwrap()
+            .contains("max_hops"),
+        "{}",
+        dead[0]
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // seed + 3 replies reached the function, then the chain stopped.
+    assert_eq!(function.received().len(), 4);
+}
+
+#[tokio::test]
+async fn function_target_non_cloudevent_reply_is_an_error() {
+    let function = Receiver::start().await;
+    function.default_reply(Reply::Full(
+        200,
+        vec![("content-type".into(), "text/plain".into())],
+        b"not an event".to_vec(),
+    ));
+    let extra = bus_to_file("dlq")
+        + bus_to_file("replies")
+        + &function_rule(
+            &function.url("/fn"),
+            "replies",
+            "[rules.targets.dead_letter]\nbus = \"dlq\"",
+        );
+    let sluice = Sluice::builder().extra(&extra).start().await;
+    post(&reqwest::Client::new(), &sluice.events_url(), "plain", "{}").await;
+    let dead = wait_jsonl(
+        &sluice.data_dir().join("dlq.jsonl"),
+        Duration::from_secs(10),
+        |e| !e.is_empty(),
+    )
+    .await;
+    assert_eq!(dead[0]["id"], "plain");
+    assert!(dead[0]["deadletterreason"]
+        .as_str()
+        .unwrap()
+        .contains("not a CloudEvent"));
+    assert!(sluice_tests::read_jsonl(&sluice.data_dir().join("replies.jsonl")).is_empty());
+}
