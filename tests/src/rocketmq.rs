@@ -63,7 +63,8 @@ impl RocketMq {
     pub async fn start() -> RocketMq {
         let bin = rocketmq_bin();
         let dir = tempfile::tempdir().expect("temp dir");
-        let home = dir.path();
+        let home = dir.path().to_path_buf();
+        let home = home.as_path();
         let namesrv_port = free_port();
         let broker_port = broker_port();
         let ha_port = free_port();
@@ -152,13 +153,12 @@ mappedFileSizeCommitLog = 67108864
     async fn wait_port(&mut self, port: u16, what: &str) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            for child in [self.namesrv.as_mut(), self.broker.as_mut()]
+            let exited = [self.namesrv.as_mut(), self.broker.as_mut()]
                 .into_iter()
                 .flatten()
-            {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("RocketMQ {what} exited ({status}):\n{}", self.logs());
-                }
+                .find_map(|child| child.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                panic!("RocketMQ {what} exited ({status}):\n{}", self.logs());
             }
             if tokio::net::TcpStream::connect(("127.0.0.1", port))
                 .await

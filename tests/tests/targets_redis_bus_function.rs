@@ -215,7 +215,7 @@ async fn function_target_non_cloudevent_reply_is_an_error() {
         b"not an event".to_vec(),
     ));
     let extra = bus_to_file("dlq")
-        + bus_to_file("replies")
+        + &bus_to_file("replies")
         + &function_rule(
             &function.url("/fn"),
             "replies",

@@ -109,7 +109,11 @@ impl FunctionTarget {
             return Ok(());
         }
         let mut reply = match cloudevent::content_mode(&headers) {
-            Ok(ContentMode::Binary) => cloudevent::from_binary(&headers, &body).map(|p| p.event),
+            // The parsed binary event leaves its data in the stored form: read that back.
+            Ok(ContentMode::Binary) => cloudevent::from_binary(&headers, &body).and_then(|p| {
+                cloudevent::decode(&p.stored)
+                    .map_err(|e| cloudevent::EventError::invalid("body", e.to_string()))
+            }),
             Ok(ContentMode::Structured) => cloudevent::from_structured(&body),
             Ok(ContentMode::Batch) => Err(cloudevent::EventError::unsupported(
                 "a batch is not a reply",
