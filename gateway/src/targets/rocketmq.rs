@@ -226,6 +226,11 @@ impl RocketMqTarget {
         }
         queues
             .sort_by(|a, b| (a.broker_name(), a.queue_id()).cmp(&(b.broker_name(), b.queue_id())));
+        tracing::debug!(
+            topic = %self.config.topic,
+            queues = ?queues.iter().map(|q| (q.broker_name().to_string(), q.queue_id())).collect::<Vec<_>>(),
+            "fetched the topic's queues"
+        );
         *cached = Some((queues.clone(), Instant::now()));
         Ok(queues)
     }
