@@ -278,7 +278,7 @@ impl FieldCondition {
         self.path.get(1..).unwrap_or(&[])
     }
 
-    fn eval(&self, view: &EventView<'_>) -> bool {
+    pub(crate) fn eval(&self, view: &EventView<'_>) -> bool {
         let mut any_leaf = false;
         let mut hit = false;
         view.leaves(&self.attr, self.rest(), &mut |leaf| {

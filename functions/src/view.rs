@@ -87,6 +87,16 @@ pub(crate) fn fold(s: &str) -> String {
     s.to_uppercase().to_lowercase()
 }
 
+/// [`fold`] into a reused buffer; allocation-free for ASCII.
+pub(crate) fn fold_into(buf: &mut String, s: &str) {
+    buf.clear();
+    if s.is_ascii() {
+        buf.extend(s.chars().map(|c| c.to_ascii_lowercase()));
+    } else {
+        buf.push_str(&fold(s));
+    }
+}
+
 pub(crate) fn is_json_content_type(ct: &str) -> bool {
     let ct = ct
         .split(';')
@@ -221,25 +231,29 @@ pub(crate) fn json_leaves<'a>(root: &'a Value, path: &[String], f: &mut dyn FnMu
     }
 }
 
-/// An event plus its parsed payload, built once per match call.
+/// An event plus its payload, parsed at most once per match call and only when needed.
 pub(crate) struct EventView<'a> {
     pub(crate) event: &'a Event,
-    pub(crate) data: Option<Cow<'a, Value>>,
+    data: std::cell::OnceCell<Option<Cow<'a, Value>>>,
 }
 
 impl<'a> EventView<'a> {
     pub(crate) fn new(event: &'a Event) -> Self {
         EventView {
             event,
-            data: data_json(event),
+            data: std::cell::OnceCell::new(),
         }
+    }
+
+    pub(crate) fn data(&self) -> Option<&Value> {
+        self.data.get_or_init(|| data_json(self.event)).as_deref()
     }
 
     /// All leaves at a full field path (first segment: attribute name or `data`).
     pub(crate) fn leaves(&self, attr: &Attr, rest: &[String], f: &mut dyn FnMut(Leaf<'_>)) {
         match attr {
             Attr::Data => {
-                if let Some(d) = &self.data {
+                if let Some(d) = self.data() {
                     json_leaves(d, rest, f);
                 }
             }
