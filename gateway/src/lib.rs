@@ -4,6 +4,7 @@
 //! The modules follow the data flow: `ingress` → `store` (bus logs, positions) → `runtime`
 //! (tasks that read, filter and deliver) → `targets`.
 
+pub mod admin;
 pub mod app;
 pub mod config;
 pub mod ingress;

@@ -334,6 +334,10 @@ impl BusLog for EmbeddedLog {
         }
     }
 
+    async fn end(&self, shard: u32) -> Result<Seq, StoreError> {
+        Ok(*self.shard(shard)?.tail.borrow())
+    }
+
     async fn release(&self, shard: u32, seq: Seq) -> Result<(), StoreError> {
         let s = self.shard(shard)?;
         let doomed: Vec<Seq> = {
