@@ -13,7 +13,7 @@ use std::fmt;
 use cloudevents::event::AttributeValue;
 use cloudevents::Event;
 
-use crate::view::attribute_value;
+use crate::view::{attribute_value, time_string};
 
 /// Deepest nesting an expression may have.
 pub const MAX_CESQL_DEPTH: usize = 64;
@@ -861,6 +861,7 @@ fn attribute(event: &Event, name: &str) -> Option<CesqlValue> {
             Ok(i) => CesqlValue::Integer(i),
             Err(_) => CesqlValue::String(i.to_string()),
         },
+        AttributeValue::Time(t) => CesqlValue::String(time_string(t)),
         other => CesqlValue::String(other.to_string()),
     })
 }

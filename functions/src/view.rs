@@ -172,7 +172,7 @@ pub(crate) fn with_attribute(event: &Event, attr: &Attr, f: &mut dyn FnMut(Leaf<
         }
         Attr::Time => {
             if let Some(t) = event.time() {
-                f(Leaf::Str(&t.to_rfc3339()))
+                f(Leaf::Str(&time_string(t)))
             }
         }
         Attr::DataContentType => {
@@ -193,6 +193,15 @@ pub(crate) fn with_attribute(event: &Event, attr: &Attr, f: &mut dyn FnMut(Leaf<
             Some(ExtensionValue::Integer(i)) => f(Leaf::Num(Num::from_i64(*i))),
             None => {}
         },
+    }
+}
+
+/// A timestamp exactly as the structured JSON form writes it (RFC 3339, UTC, `Z`), so
+/// patterns, CESQL and transforms all see the same text.
+pub(crate) fn time_string<T: serde::Serialize>(t: &T) -> String {
+    match serde_json::to_value(t) {
+        Ok(Value::String(s)) => s,
+        _ => String::new(),
     }
 }
 
