@@ -9,7 +9,7 @@ PYTHON := $(VENV)/bin/python
 CACHE ?= $(HOME)/.cache/sluice
 APT_UPDATED := $(CACHE)/.apt-updated
 
-.PHONY: run test lint fmt build bench bench-ingest bench-functions tools venv clean help
+.PHONY: run test lint fmt build bench bench-ingest bench-functions tools venv redis clean help
 
 help:
 	@echo "make run    - start the gateway standalone with sluice.example.toml (http://127.0.0.1:8080)"
@@ -23,7 +23,7 @@ run: build
 build:
 	$(CARGO) build -p sluice-gateway
 
-test: tools venv
+test: tools venv redis
 	$(CARGO) build -p sluice-gateway
 	$(CARGO) nextest run --workspace --no-fail-fast
 
@@ -45,6 +45,13 @@ define apt_install
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2); \
 	fi
 endef
+
+# redis-server for the distributed tests: tests that restart Redis start their own; the
+# others use the one on 127.0.0.1:6379, started here when nothing answers there.
+redis:
+	$(call apt_install,redis-server,redis-server)
+	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || \
+		redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
 
 # The official CloudEvents Python SDK, for the interoperability test.
 venv: $(VENV)/.installed

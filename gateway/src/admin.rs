@@ -32,12 +32,15 @@ async fn cluster(State(state): State<Arc<IngressState>>) -> Response {
     let members = state.cluster.members().await;
     let statuses = state.cluster.statuses().await;
     match (members, statuses) {
-        (Ok(members), Ok(statuses)) => Json(json!({
-            "worker": state.cluster.worker_id(),
-            "members": members,
-            "statuses": statuses,
-        }))
-        .into_response(),
+        (Ok(mut members), Ok(statuses)) => {
+            members.sort();
+            Json(json!({
+                "worker": state.cluster.worker_id(),
+                "members": members,
+                "statuses": statuses,
+            }))
+            .into_response()
+        }
         (Err(e), _) | (_, Err(e)) => Problem::unavailable(e.to_string(), 2).into_response(),
     }
 }

@@ -321,10 +321,11 @@ impl WorkerLoop {
         self.commit().await;
         for (id, r) in stopped {
             self.positions.own(&r.sub.id, r.shard, None);
+            // Status first: once the lease is free the next owner reports RUNNING.
+            self.status(&id, state, None).await;
             if let Err(e) = self.cluster.release(&r.lease).await {
                 tracing::warn!(task = %id, error = %e, "cannot release the lease; it lapses by itself");
             }
-            self.status(&id, state, None).await;
         }
     }
 

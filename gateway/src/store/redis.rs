@@ -107,7 +107,6 @@ pub struct RedisLog {
     append: Script,
     /// What this worker knows of each shard's end; remote appends are found by polling.
     tails: Vec<watch::Sender<Seq>>,
-    healthy: AtomicBool,
     poll: Duration,
 }
 
@@ -119,7 +118,6 @@ impl RedisLog {
             shards,
             append: Script::new(APPEND),
             tails: (0..shards).map(|_| watch::Sender::new(0)).collect(),
-            healthy: AtomicBool::new(true),
             poll,
         }
     }
@@ -131,10 +129,6 @@ impl RedisLog {
     fn counter(&self, shard: u32) -> String {
         self.redis
             .key(&["bus", &self.bus, &shard.to_string(), "next"])
-    }
-
-    fn track(&self, result: Result<(), &StoreError>) {
-        self.healthy.store(result.is_ok(), Ordering::Relaxed);
     }
 }
 
@@ -173,7 +167,6 @@ impl BusLog for RedisLog {
                 .invoke_async::<Seq>(&mut self.redis.conn())
                 .await
                 .map_err(|e| redis_error("append", &e));
-            self.track(result.as_ref().map(|_| ()));
             if let Ok(first) = &result {
                 let end = first + append.records.len() as Seq;
                 if let Some(tail) = self.tails.get(append.shard as usize) {
@@ -226,8 +219,9 @@ impl BusLog for RedisLog {
             .map_err(|e| redis_error("trim", &e))
     }
 
+    /// Redis's reachability is the cluster's health (readiness checks it).
     fn healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
+        true
     }
 
     fn poll_interval(&self) -> Option<Duration> {
