@@ -11,7 +11,7 @@
 //! (attributes plus `data`, with a JSON payload parsed). Everything is compiled up front;
 //! applying a chain never panics and reports a failure as that event's error.
 
-use cloudevents::{AttributesReader, Event};
+use cloudevents::{AttributesReader, Data, Event};
 use jsonpath_rust::parser::model::JpQuery;
 use jsonpath_rust::parser::parse_json_path;
 use jsonpath_rust::query::js_path_process;
@@ -188,7 +188,8 @@ impl TransformChain {
 
     /// Applies the chain to one event.
     pub fn apply(&self, event: &Event) -> Result<Output, TransformError> {
-        let mut current = event.clone();
+        // `None`: still the input event, not cloned until a step changes it.
+        let mut current: Option<Event> = None;
         for (i, step) in self.steps.iter().enumerate() {
             let fail = |message: String| TransformError::Apply {
                 step: i,
@@ -196,12 +197,13 @@ impl TransformChain {
                 event_id: event.id().to_owned(),
                 message,
             };
-            match apply_step(step, current).map_err(fail)? {
-                Output::Event(next) => current = next,
-                body => return Ok(body),
+            match apply_step(step, current.as_ref().unwrap_or(event)).map_err(fail)? {
+                None => {}
+                Some(Output::Event(next)) => current = Some(next),
+                Some(body) => return Ok(body),
             }
         }
-        Ok(Output::Event(current))
+        Ok(Output::Event(current.unwrap_or_else(|| event.clone())))
     }
 }
 
@@ -388,9 +390,12 @@ fn dotted(path: &str) -> Result<Vec<String>, String> {
 /// The event in structured JSON form, with a JSON payload parsed into `data`.
 pub(crate) fn structured(event: &Event) -> Result<Value, String> {
     let mut v = serde_json::to_value(event).map_err(|e| format!("cannot serialize event: {e}"))?;
-    if let (Some(obj), Some(data)) = (v.as_object_mut(), data_json(event)) {
-        obj.remove("data_base64");
-        obj.insert("data".into(), data.into_owned());
+    // A JSON payload is already in place; a string or binary one that holds JSON is parsed.
+    if matches!(event.data(), Some(Data::String(_) | Data::Binary(_))) {
+        if let (Some(obj), Some(data)) = (v.as_object_mut(), data_json(event)) {
+            obj.remove("data_base64");
+            obj.insert("data".into(), data.into_owned());
+        }
     }
     Ok(v)
 }
@@ -408,21 +413,30 @@ fn body(value: &Value) -> Output {
     }
 }
 
-fn with_json_data(mut event: Event, value: Value) -> Event {
+fn with_json_data(event: &Event, value: Value) -> Event {
+    let mut event = event.clone();
     event.set_data("application/json", value);
     event
 }
 
-fn apply_step(step: &Step, event: Event) -> Result<Output, String> {
+/// `Ok(None)` when the step leaves the event as it is.
+fn apply_step(step: &Step, event: &Event) -> Result<Option<Output>, String> {
     match step {
-        Step::Original => Ok(Output::Event(event)),
+        Step::Original => Ok(None),
+        other => apply_step_inner(other, event).map(Some),
+    }
+}
+
+fn apply_step_inner(step: &Step, event: &Event) -> Result<Output, String> {
+    match step {
+        Step::Original => Ok(Output::Event(event.clone())),
         Step::Constant { value, into_data } => Ok(if *into_data {
             Output::Event(with_json_data(event, value.clone()))
         } else {
             body(value)
         }),
         Step::JsonPath { path, into_data } => {
-            let doc = structured(&event)?;
+            let doc = structured(event)?;
             let value = path
                 .select(&doc)?
                 .ok_or_else(|| format!("JSONPath `{}` matched nothing", path.source))?;
@@ -437,7 +451,7 @@ fn apply_step(step: &Step, event: Event) -> Result<Output, String> {
             template,
             into_data,
         } => {
-            let doc = structured(&event)?;
+            let doc = structured(event)?;
             let values = vars
                 .iter()
                 .map(|p| p.select(&doc))
@@ -450,7 +464,7 @@ fn apply_step(step: &Step, event: Event) -> Result<Output, String> {
                     Ok(Output::Event(with_json_data(event, v)))
                 }
                 (true, false) => {
-                    let mut event = event;
+                    let mut event = event.clone();
                     event.set_data("text/plain", rendered.text);
                     Ok(Output::Event(event))
                 }
@@ -465,27 +479,27 @@ fn apply_step(step: &Step, event: Event) -> Result<Output, String> {
             }
         }
         Step::SetAttributes(attrs) => {
-            let doc = structured(&event)?;
+            let doc = structured(event)?;
             let mut resolved = Vec::with_capacity(attrs.len());
             for (name, src) in attrs {
                 if let Some(v) = src.resolve(&doc)? {
                     resolved.push((name, attribute_json(name, v)?));
                 }
             }
-            edit_attributes(&event, |obj| {
+            edit_attributes(event, |obj| {
                 for (name, v) in resolved {
                     obj.insert(name.clone(), v);
                 }
             })
             .map(Output::Event)
         }
-        Step::RemoveAttributes(names) => edit_attributes(&event, |obj| {
+        Step::RemoveAttributes(names) => edit_attributes(event, |obj| {
             for n in names {
                 obj.remove(n);
             }
         })
         .map(Output::Event),
-        Step::RenameAttributes(pairs) => edit_attributes(&event, |obj| {
+        Step::RenameAttributes(pairs) => edit_attributes(event, |obj| {
             for (from, to) in pairs {
                 if let Some(v) = obj.remove(from) {
                     obj.insert(to.clone(), v);
@@ -498,7 +512,7 @@ fn apply_step(step: &Step, event: Event) -> Result<Output, String> {
             keep,
             remove,
         } => {
-            let doc = structured(&event)?;
+            let doc = structured(event)?;
             let mut data = match (keep, doc.get("data")) {
                 (true, Some(Value::Object(m))) => m.clone(),
                 (true, Some(Value::Null) | None) | (false, _) => Map::new(),
