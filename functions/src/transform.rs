@@ -18,7 +18,7 @@ use jsonpath_rust::query::js_path_process;
 use serde_json::{Map, Value};
 
 use crate::template::Template;
-use crate::view::{data_json, is_attribute_name};
+use crate::view::{data_json, is_attribute_name, with_attribute, Attr, Leaf, NumKey};
 
 /// What a chain produces for one event.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +58,135 @@ pub struct TransformChain {
 struct JsonPath {
     source: String,
     query: JpQuery,
+    /// A plain path (`$.a.b`, `$['a']`, `$.a[0]`) resolved by direct navigation, without
+    /// building the structured JSON form of the event.
+    simple: Option<Vec<Seg>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+fn parse_simple(s: &str) -> Option<Vec<Seg>> {
+    let mut rest = s.strip_prefix('$')?;
+    let mut segs = Vec::new();
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix("['") {
+            let end = r.find("']")?;
+            let key = r.get(..end)?;
+            if key.contains(['\\', '\'']) {
+                return None;
+            }
+            segs.push(Seg::Key(key.to_owned()));
+            rest = r.get(end + 2..)?;
+        } else if let Some(r) = rest.strip_prefix('[') {
+            let end = r.find(']')?;
+            let digits = r.get(..end)?;
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            segs.push(Seg::Index(digits.parse().ok()?));
+            rest = r.get(end + 1..)?;
+        } else if let Some(r) = rest.strip_prefix('.') {
+            let end = r
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(r.len());
+            if end == 0 {
+                return None;
+            }
+            segs.push(Seg::Key(r.get(..end)?.to_owned()));
+            rest = r.get(end..)?;
+        } else {
+            return None;
+        }
+    }
+    // `$` alone and `$.data_base64` need the full structured form.
+    match segs.first() {
+        Some(Seg::Key(k)) if k != "data_base64" => Some(segs),
+        _ => None,
+    }
+}
+
+/// Resolves a plain path against the event; `None` when it cannot be done directly.
+fn select_simple(segs: &[Seg], event: &Event) -> Option<Option<Value>> {
+    let (Seg::Key(head), rest) = segs.split_first()? else {
+        return None;
+    };
+    if head == "data" {
+        let data = match event.data() {
+            None => return Some(None),
+            Some(d) => d,
+        };
+        let Some(root) = data_json(event) else {
+            return match (data, rest.is_empty()) {
+                (Data::String(s), true) => Some(Some(Value::String(s.clone()))),
+                (Data::String(_), false) => Some(None),
+                _ => None,
+            };
+        };
+        let mut v: &Value = &root;
+        for seg in rest {
+            let next = match (seg, v) {
+                (Seg::Key(k), Value::Object(m)) => m.get(k),
+                (Seg::Index(i), Value::Array(a)) => a.get(*i),
+                _ => None,
+            };
+            match next {
+                Some(n) => v = n,
+                None => return Some(None),
+            }
+        }
+        return Some(Some(v.clone()));
+    }
+    if !rest.is_empty() {
+        return Some(None);
+    }
+    let mut out = None;
+    with_attribute(event, &Attr::from_name(head), &mut |leaf| {
+        out = Some(match leaf {
+            Leaf::Str(s) => Value::String(s.to_owned()),
+            Leaf::Bool(b) => Value::Bool(b),
+            Leaf::Num(n) => match n.key {
+                NumKey::Int(i) => i64::try_from(i).map(Value::from).unwrap_or(Value::Null),
+                NumKey::Float(_) => {
+                    serde_json::Number::from_f64(n.f).map_or(Value::Null, Value::Number)
+                }
+            },
+            Leaf::Null => Value::Null,
+        })
+    });
+    Some(out)
+}
+
+/// The event being transformed, with its structured JSON form built only if a path needs it.
+struct Doc<'e> {
+    event: &'e Event,
+    full: Option<Value>,
+}
+
+impl<'e> Doc<'e> {
+    fn new(event: &'e Event) -> Self {
+        Doc { event, full: None }
+    }
+
+    fn select(&mut self, path: &JsonPath) -> Result<Option<Value>, String> {
+        if let Some(r) = path
+            .simple
+            .as_deref()
+            .and_then(|s| select_simple(s, self.event))
+        {
+            return Ok(r);
+        }
+        if self.full.is_none() {
+            self.full = Some(structured(self.event)?);
+        }
+        match &self.full {
+            Some(doc) => path.select(doc),
+            None => Ok(None),
+        }
+    }
 }
 
 impl JsonPath {
@@ -69,6 +198,7 @@ impl JsonPath {
         Ok(JsonPath {
             source: s.to_owned(),
             query,
+            simple: parse_simple(s),
         })
     }
 
@@ -92,10 +222,10 @@ enum Source {
 }
 
 impl Source {
-    fn resolve(&self, doc: &Value) -> Result<Option<Value>, String> {
+    fn resolve(&self, doc: &mut Doc<'_>) -> Result<Option<Value>, String> {
         match self {
             Source::Const(v) => Ok(Some(v.clone())),
-            Source::Path(p) => p.select(doc),
+            Source::Path(p) => doc.select(p),
         }
     }
 }
@@ -436,9 +566,8 @@ fn apply_step_inner(step: &Step, event: &Event) -> Result<Output, String> {
             body(value)
         }),
         Step::JsonPath { path, into_data } => {
-            let doc = structured(event)?;
-            let value = path
-                .select(&doc)?
+            let value = Doc::new(event)
+                .select(path)?
                 .ok_or_else(|| format!("JSONPath `{}` matched nothing", path.source))?;
             Ok(if *into_data {
                 Output::Event(with_json_data(event, value))
@@ -451,10 +580,10 @@ fn apply_step_inner(step: &Step, event: &Event) -> Result<Output, String> {
             template,
             into_data,
         } => {
-            let doc = structured(event)?;
+            let mut doc = Doc::new(event);
             let values = vars
                 .iter()
-                .map(|p| p.select(&doc))
+                .map(|p| doc.select(p))
                 .collect::<Result<Vec<_>, _>>()?;
             let rendered = template.render(&values)?;
             match (*into_data, rendered.json) {
@@ -479,10 +608,10 @@ fn apply_step_inner(step: &Step, event: &Event) -> Result<Output, String> {
             }
         }
         Step::SetAttributes(attrs) => {
-            let doc = structured(event)?;
+            let mut doc = Doc::new(event);
             let mut resolved = Vec::with_capacity(attrs.len());
             for (name, src) in attrs {
-                if let Some(v) = src.resolve(&doc)? {
+                if let Some(v) = src.resolve(&mut doc)? {
                     resolved.push((name, attribute_json(name, v)?));
                 }
             }
@@ -512,11 +641,12 @@ fn apply_step_inner(step: &Step, event: &Event) -> Result<Output, String> {
             keep,
             remove,
         } => {
-            let doc = structured(event)?;
-            let mut data = match (keep, doc.get("data")) {
-                (true, Some(Value::Object(m))) => m.clone(),
-                (true, Some(Value::Null) | None) | (false, _) => Map::new(),
-                (true, Some(_)) => {
+            let mut doc = Doc::new(event);
+            let current = if *keep { data_json(event) } else { None };
+            let mut data = match (keep, event.data(), current.as_deref()) {
+                (true, _, Some(Value::Object(m))) => m.clone(),
+                (true, None, _) | (true, _, Some(Value::Null)) | (false, _, _) => Map::new(),
+                (true, Some(_), _) => {
                     return Err("MAP_DATA with keep needs a JSON object as data".into())
                 }
             };
@@ -524,7 +654,7 @@ fn apply_step_inner(step: &Step, event: &Event) -> Result<Output, String> {
                 remove_path(&mut data, path);
             }
             for (target, src) in fields {
-                if let Some(v) = src.resolve(&doc)? {
+                if let Some(v) = src.resolve(&mut doc)? {
                     set_path(&mut data, target, v)?;
                 }
             }
@@ -616,4 +746,80 @@ fn remove_path(root: &mut Map<String, Value>, path: &[String]) {
         }
     }
     map.remove(last);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Plain paths resolved directly give exactly what jsonpath-rust gives on the
+    /// structured form.
+    #[test]
+    fn simple_paths_agree_with_jsonpath() {
+        let mut events: Vec<Event> = Vec::new();
+        let base = json!({
+            "specversion": "1.0", "id": "1", "source": "/s", "type": "t", "subject": "sub",
+            "time": "2024-05-01T10:00:00Z", "region": "eu", "n": 5, "flag": true,
+            "datacontenttype": "application/json",
+            "data": {"a": {"b": [1, {"c": "x"}]}, "k-1": null, "s": "str"}
+        });
+        events.push(serde_json::from_value(base.clone()).unwrap());
+        let mut text = base.clone();
+        text["datacontenttype"] = json!("text/plain");
+        text["data"] = json!("plain text");
+        events.push(serde_json::from_value(text).unwrap());
+        let mut no_data = base;
+        no_data.as_object_mut().unwrap().remove("data");
+        events.push(serde_json::from_value(no_data).unwrap());
+        let mut string_json: Event = events[0].clone();
+        string_json.set_data("application/json", "{\"a\": {\"b\": [7]}}".to_string());
+        events.push(string_json);
+
+        let paths = [
+            "$.data",
+            "$.data.a",
+            "$.data.a.b",
+            "$.data.a.b[0]",
+            "$.data.a.b[1].c",
+            "$.data.a.b[5]",
+            "$.data['a']['b']",
+            "$.data['k-1']",
+            "$.data.s",
+            "$.data.s.x",
+            "$.data.nope",
+            "$.type",
+            "$.id",
+            "$.source",
+            "$.subject",
+            "$.time",
+            "$.region",
+            "$.n",
+            "$.flag",
+            "$.missing",
+            "$.type.x",
+            "$.specversion",
+            "$.datacontenttype",
+        ];
+        for ev in &events {
+            let doc = structured(ev).unwrap();
+            for p in paths {
+                let jp = JsonPath::compile(p).unwrap();
+                let simple = jp.simple.as_deref().expect(p);
+                let direct = select_simple(simple, ev).expect(p);
+                assert_eq!(direct, jp.select(&doc).unwrap(), "{p} on {ev}");
+            }
+        }
+        for p in [
+            "$",
+            "$..b",
+            "$.data[*]",
+            "$.data.a.b[-1]",
+            "$.data_base64",
+            "$.data[?@.s]",
+        ] {
+            let jp = JsonPath::compile(p).unwrap();
+            assert!(jp.simple.is_none(), "{p}");
+        }
+    }
 }
