@@ -9,7 +9,7 @@ PYTHON := $(VENV)/bin/python
 CACHE ?= $(HOME)/.cache/sluice
 APT_UPDATED := $(CACHE)/.apt-updated
 
-.PHONY: run test lint fmt build bench bench-ingest bench-functions tools venv redis clean help
+.PHONY: run test lint fmt build bench bench-ingest bench-functions bench-cluster tools venv redis clean help
 
 help:
 	@echo "make run    - start the gateway standalone with sluice.example.toml (http://127.0.0.1:8080)"
@@ -64,7 +64,7 @@ $(VENV)/.installed:
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check 'cloudevents==2.2.0'
 	touch $@
 
-bench: bench-ingest bench-functions
+bench: bench-ingest bench-functions bench-cluster
 
 bench-ingest:
 	$(call apt_install,wrk,wrk)
@@ -76,3 +76,9 @@ bench-functions:
 clean:
 	$(CARGO) clean
 	rm -rf $(VENV) data
+
+# Takeover and convergence times, and events/s with 1, 2 and 3 replicas (distributed mode,
+# the machine's Redis).
+bench-cluster: redis
+	$(CARGO) build --release -p sluice-gateway -p sluice-tests --bin sluice --bin cluster-bench
+	./target/release/cluster-bench

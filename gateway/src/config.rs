@@ -115,8 +115,8 @@ impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
             heartbeat_interval: Duration::from_millis(500),
-            member_ttl: Duration::from_millis(2000),
-            lease_ttl: Duration::from_millis(2000),
+            member_ttl: Duration::from_millis(1500),
+            lease_ttl: Duration::from_millis(1500),
             rebalance_interval: Duration::from_secs(1),
             strategy: crate::runtime::rebalance::Strategy::default(),
             redis_timeout: Duration::from_secs(2),

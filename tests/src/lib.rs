@@ -19,12 +19,12 @@ pub fn sluice_bin() -> PathBuf {
         return PathBuf::from(bin);
     }
     let exe = std::env::current_exe().expect("test binary path");
-    // target/<profile>/deps/<test> → target/<profile>/sluice
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join("sluice"))
-        .expect("target directory");
+    // Tests live in target/<profile>/deps/, binaries (benchmarks) in target/<profile>/.
+    let mut dir = exe.parent().expect("target directory");
+    if dir.ends_with("deps") {
+        dir = dir.parent().expect("target directory");
+    }
+    let bin = dir.join("sluice");
     assert!(
         bin.exists(),
         "{} does not exist: build it first (cargo build -p sluice-gateway)",
