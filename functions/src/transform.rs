@@ -11,7 +11,7 @@
 //! (attributes plus `data`, with a JSON payload parsed). Everything is compiled up front;
 //! applying a chain never panics and reports a failure as that event's error.
 
-use cloudevents::{AttributesReader, Data, Event};
+use cloudevents::{AttributesReader, AttributesWriter, Data, Event};
 use jsonpath_rust::parser::model::JpQuery;
 use jsonpath_rust::parser::parse_json_path;
 use jsonpath_rust::query::js_path_process;
@@ -615,6 +615,13 @@ fn apply_step_inner(step: &Step, event: &Event) -> Result<Output, String> {
                     resolved.push((name, attribute_json(name, v)?));
                 }
             }
+            // Time and dataschema need parsing and validation: go through the structured form.
+            if resolved
+                .iter()
+                .all(|(n, _)| !matches!(n.as_str(), "time" | "dataschema"))
+            {
+                return set_directly(event, resolved).map(Output::Event);
+            }
             edit_attributes(event, |obj| {
                 for (name, v) in resolved {
                     obj.insert(name.clone(), v);
@@ -690,6 +697,38 @@ fn attribute_json(name: &str, v: Value) -> Result<Value, String> {
             "attribute `{name}` must be a string, integer or boolean, not {other}"
         )),
     }
+}
+
+/// Sets string attributes and extensions through the SDK, without a JSON round trip.
+fn set_directly(event: &Event, values: Vec<(&String, Value)>) -> Result<Event, String> {
+    let mut e = event.clone();
+    for (name, v) in values {
+        match (name.as_str(), v) {
+            ("id", Value::String(s)) => {
+                e.set_id(s);
+            }
+            ("source", Value::String(s)) => {
+                e.set_source(s);
+            }
+            ("type", Value::String(s)) => {
+                e.set_type(s);
+            }
+            ("subject", Value::String(s)) => {
+                e.set_subject(Some(s));
+            }
+            ("datacontenttype", Value::String(s)) => {
+                e.set_datacontenttype(Some(s));
+            }
+            (ext, Value::String(s)) if !STRING_ATTRIBUTES.contains(&ext) => e.set_extension(ext, s),
+            (ext, Value::Bool(b)) if !STRING_ATTRIBUTES.contains(&ext) => e.set_extension(ext, b),
+            (ext, Value::Number(n)) if !STRING_ATTRIBUTES.contains(&ext) => match n.as_i64() {
+                Some(i) => e.set_extension(ext, i),
+                None => return Err(format!("attribute `{ext}` must be an integer, not {n}")),
+            },
+            (other, v) => return Err(format!("attribute `{other}` cannot hold {v}")),
+        }
+    }
+    Ok(e)
 }
 
 /// Edits the attributes through the structured form; the payload is carried over as is.
