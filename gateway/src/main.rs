@@ -9,6 +9,11 @@ use clap::{Parser, Subcommand};
 use sluice::config::{Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
+// Request handling allocates many small short-lived buffers across threads; mimalloc's
+// thread-local free lists cost far less there than glibc's arenas (measured with perf).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "A CloudEvents HTTP gateway")]
 struct Cli {
