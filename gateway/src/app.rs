@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use crate::config::{Channels, Config, Mode};
 use crate::ingress::{self, IngressState};
-use crate::rules::Matcher;
+use crate::rules::{compile_transform, Filter};
 use crate::runtime::cluster::{Cluster, LocalCluster};
 use crate::runtime::{Plan, Subscription, Worker, WorkerOptions};
 use crate::store::embedded::{DataDir, LogOptions};
@@ -31,7 +31,7 @@ pub enum StartError {
         target: String,
         message: String,
     },
-    #[error("rule `{rule}`: pattern {message}")]
+    #[error("rule `{rule}`: {message}")]
     Pattern { rule: String, message: String },
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -236,14 +236,15 @@ fn build_plan(
     let mut subscriptions = Vec::new();
     for rule in &channels.rules {
         let rule_name = rule.name.get_ref();
-        let matcher = match &rule.pattern {
-            Some(p) => Matcher::compile(p.get_ref()).map_err(|message| StartError::Pattern {
-                rule: rule_name.clone(),
-                message,
-            })?,
-            None => Matcher::default(),
-        };
-        let matcher = Arc::new(matcher);
+        let filter = Filter::compile(
+            rule.pattern.as_ref().map(|p| p.get_ref()),
+            rule.filter.as_ref().map(|f| f.get_ref().as_str()),
+        )
+        .map_err(|message| StartError::Pattern {
+            rule: rule_name.clone(),
+            message,
+        })?;
+        let filter = Arc::new(filter);
         for target in &rule.targets {
             let target_name = target.name();
             let built = targets::build(config, target).map_err(|e| StartError::Target {
@@ -251,10 +252,20 @@ fn build_plan(
                 target: target_name.to_string(),
                 message: e.message,
             })?;
+            let transform = target
+                .transform()
+                .map(compile_transform)
+                .transpose()
+                .map_err(|message| StartError::Target {
+                    rule: rule_name.clone(),
+                    target: target_name.to_string(),
+                    message,
+                })?;
             subscriptions.push(Arc::new(Subscription {
                 id: format!("{}/{}/{}", rule.bus.get_ref(), rule_name, target_name),
                 bus: rule.bus.get_ref().clone(),
-                matcher: matcher.clone(),
+                filter: filter.clone(),
+                transform,
                 target: built,
             }));
         }

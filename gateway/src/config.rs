@@ -238,10 +238,13 @@ pub struct BusConfig {
 pub struct RuleConfig {
     pub name: Spanned<String>,
     pub bus: Spanned<String>,
-    /// Event pattern: attribute name to a value or a list of accepted values. Absent or empty
-    /// matches every event.
+    /// Event pattern (EventBridge pattern language; see functions/README.md). Absent or
+    /// empty matches every event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pattern: Option<Spanned<toml::Table>>,
+    /// CESQL filter expression, instead of a pattern.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<Spanned<String>>,
     pub targets: Vec<TargetConfig>,
 }
 
@@ -262,12 +265,22 @@ impl TargetConfig {
             TargetConfig::File(t) => &t.name,
         }
     }
+
+    /// The transform chain applied to events before this target (a step or a list).
+    pub fn transform(&self) -> Option<&toml::Value> {
+        match self {
+            TargetConfig::Log(t) => t.transform.as_ref(),
+            TargetConfig::File(t) => t.transform.as_ref(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogTargetConfig {
     pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<toml::Value>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -276,6 +289,8 @@ pub struct FileTargetConfig {
     pub name: String,
     /// The file; `{data_dir}` is replaced by the data directory.
     pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<toml::Value>,
 }
 
 mod defaults {
@@ -547,14 +562,17 @@ impl Config {
                     ),
                 ));
             }
-            if let Some(pattern) = &rule.pattern {
-                crate::rules::Matcher::compile(pattern.get_ref()).map_err(|m| {
-                    invalid(
-                        pattern.span(),
-                        format!("rule `{}`: pattern {m}", rule.name.get_ref()),
-                    )
-                })?;
-            }
+            let at = rule
+                .pattern
+                .as_ref()
+                .map(Spanned::span)
+                .or_else(|| rule.filter.as_ref().map(Spanned::span))
+                .unwrap_or_else(|| rule.name.span());
+            crate::rules::Filter::compile(
+                rule.pattern.as_ref().map(Spanned::get_ref),
+                rule.filter.as_ref().map(|f| f.get_ref().as_str()),
+            )
+            .map_err(|m| invalid(at, format!("rule `{}`: {m}", rule.name.get_ref())))?;
             if rule.targets.is_empty() {
                 return Err(invalid(
                     rule.name.span(),
@@ -580,6 +598,14 @@ impl Config {
                             rule.name.get_ref()
                         ),
                     ));
+                }
+                if let Some(spec) = target.transform() {
+                    crate::rules::compile_transform(spec).map_err(|m| {
+                        invalid(
+                            at.clone(),
+                            format!("rule `{}`, target `{name}`: {m}", rule.name.get_ref()),
+                        )
+                    })?;
                 }
                 if let TargetConfig::File(file) = target {
                     if file.path.trim().is_empty() {

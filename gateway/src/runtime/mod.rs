@@ -19,18 +19,21 @@ use tokio::task::JoinHandle;
 
 use crate::config::DeliveryConfig;
 use crate::ingress::cloudevent;
-use crate::rules::Matcher;
+use crate::rules::Filter;
 use crate::store::{BusLog, PositionStore, Record, Seq, StoreError};
-use crate::targets::{Envelope, Target};
+use crate::targets::{Body, Envelope, Target};
 use cluster::{now_ms, task_id, Cluster, Control, Lease, State, Status};
 use rebalance::Strategy;
+use sluice_functions::{Output, TransformChain};
 
 /// One (rule, target) pair.
 pub struct Subscription {
     /// `{bus}/{rule}/{target}`: the key of its positions and status.
     pub id: String,
     pub bus: String,
-    pub matcher: Arc<Matcher>,
+    pub filter: Arc<Filter>,
+    /// Applied to each matched event before the target.
+    pub transform: Option<TransformChain>,
     pub target: Arc<dyn Target>,
 }
 
@@ -492,31 +495,68 @@ impl Task {
         }
     }
 
-    /// The records this subscription's rule matches. Events are decoded only when the rule
-    /// needs to look inside them.
+    /// The records this subscription's rule matches, transformed. Events are decoded only
+    /// when the rule or the transform needs to look inside them. An event the transform
+    /// fails on is reported and left out (it cannot succeed on a retry).
     fn select(&self, records: Vec<Record>) -> Vec<Envelope> {
-        if self.sub.matcher.matches_everything() {
+        if self.sub.filter.matches_everything() && self.sub.transform.is_none() {
             return records
                 .into_iter()
                 .map(|r| Envelope {
                     raw: r.payload,
                     event: None,
+                    body: None,
                 })
                 .collect();
         }
-        records
-            .into_iter()
-            .filter_map(|r| match cloudevent::decode(&r.payload) {
-                Ok(event) => self.sub.matcher.matches(&event).then_some(Envelope {
-                    raw: r.payload,
-                    event: Some(event),
-                }),
+        let mut out = Vec::with_capacity(records.len());
+        for r in records {
+            let event = match cloudevent::decode(&r.payload) {
+                Ok(event) => event,
                 Err(e) => {
                     tracing::error!(subscription = %self.sub.id, shard = self.shard, seq = r.seq, error = %e, "a stored event does not decode; skipping it");
-                    None
+                    continue;
                 }
-            })
-            .collect()
+            };
+            if !self.sub.filter.matches(&event) {
+                continue;
+            }
+            let Some(chain) = &self.sub.transform else {
+                out.push(Envelope {
+                    raw: r.payload,
+                    event: Some(event),
+                    body: None,
+                });
+                continue;
+            };
+            match chain.apply(&event) {
+                Ok(Output::Event(transformed)) => match cloudevent::encode(&transformed) {
+                    Ok(raw) => out.push(Envelope {
+                        raw: raw.into(),
+                        event: Some(transformed),
+                        body: None,
+                    }),
+                    Err(e) => {
+                        tracing::error!(subscription = %self.sub.id, seq = r.seq, error = %e, "cannot encode a transformed event; skipping it")
+                    }
+                },
+                Ok(Output::Body {
+                    content_type,
+                    bytes,
+                }) => out.push(Envelope {
+                    raw: r.payload,
+                    event: Some(event),
+                    body: Some(Body {
+                        content_type,
+                        bytes: bytes.into(),
+                    }),
+                }),
+                Err(e) => {
+                    tracing::error!(subscription = %self.sub.id, shard = self.shard, seq = r.seq, error = %e, "the transform failed on this event; skipping it")
+                }
+            }
+        }
+        out
     }
 
     /// Delivers with retries until it succeeds; false if stopped (or the lease lapsed) first.
