@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use cloudevents::Event;
 
 use crate::cesql::CesqlFilter;
-use crate::pattern::{FieldCondition, Matcher, Pattern, Range, Scalar};
+use crate::pattern::{conjunction_matches, FieldCondition, Matcher, Pattern, Range, Scalar};
 use crate::view::{fold_into, with_attribute, Attr, EventView, Leaf, NumKey};
 
 type CondId = u32;
@@ -121,11 +121,12 @@ struct TableBuilder {
     ranges: Vec<(Range, CondId)>,
 }
 
-/// An alternative of a pattern: the anchor condition is indexed, the rest is verified.
+/// An alternative of a pattern: its anchor condition is indexed; once the anchor fires,
+/// the whole conjunction is verified (with array consistency).
 #[derive(Debug, Clone)]
 struct Alternative {
     rule_id: usize,
-    rest: Vec<FieldCondition>,
+    conditions: Vec<FieldCondition>,
 }
 
 /// Per-path lookup tables.
@@ -338,8 +339,7 @@ impl RuleIndexBuilder {
                 })
             };
             let anchor = (0..conds.len()).min_by_key(|i| conds.get(*i).map_or(usize::MAX, cost));
-            let mut rest = conds.clone();
-            let Some(anchor) = anchor.map(|i| rest.remove(i)) else {
+            let Some(anchor) = anchor.and_then(|i| conds.get(i)) else {
                 continue;
             };
             let (_, t) = paths.table(&anchor.path);
@@ -348,7 +348,7 @@ impl RuleIndexBuilder {
             }
             alternatives.push(Alternative {
                 rule_id: *rule_id,
-                rest,
+                conditions: conds.clone(),
             });
         }
 
@@ -538,7 +538,7 @@ impl Run<'_, '_, '_, '_> {
         }
         *stamp = epoch;
         if let Some(alt) = self.index.alternatives.get(a as usize) {
-            if alt.rest.iter().all(|c| c.eval(self.view)) {
+            if conjunction_matches(&alt.conditions, self.view) {
                 self.out.push(alt.rule_id);
             }
         }

@@ -210,29 +210,51 @@ pub(crate) fn attribute_value<'a>(event: &'a Event, name: &str) -> Option<Attrib
     event.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
 }
 
-/// Calls `f` for every leaf reached by `path` inside `root`. Arrays are transparent at every
-/// level: an array contributes each of its elements. Iterative, so hostile nesting in the
-/// event cannot overflow the stack.
-pub(crate) fn json_leaves<'a>(root: &'a Value, path: &[String], f: &mut dyn FnMut(Leaf<'a>)) {
-    let mut stack: Vec<(&'a Value, usize)> = vec![(root, 0)];
-    while let Some((v, depth)) = stack.pop() {
+/// Where a leaf sits among arrays of objects: one `(array address, element index)` per
+/// array whose object (or array) element was entered on the way down. Two leaves are
+/// compatible when they agree on every array they share, i.e. they do not come from
+/// different elements of the same array (EventBridge's array-consistent matching).
+pub(crate) type Coords = [(usize, usize)];
+
+pub(crate) fn compatible(a: &Coords, b: &Coords) -> bool {
+    a.iter()
+        .all(|(id, i)| b.iter().all(|(id2, j)| id != id2 || i == j))
+}
+
+/// Calls `f` for every leaf reached by `path` inside `root`, with its coordinates. Arrays
+/// are transparent at every level: an array contributes each of its elements. Iterative,
+/// so hostile nesting in the event cannot overflow the stack.
+pub(crate) fn json_leaves<'a>(
+    root: &'a Value,
+    path: &[String],
+    f: &mut dyn FnMut(Leaf<'a>, &Coords),
+) {
+    // (value, depth in `path`, coordinates so far)
+    type Pending<'v> = (&'v Value, usize, Vec<(usize, usize)>);
+    let mut stack: Vec<Pending<'a>> = vec![(root, 0, Vec::new())];
+    while let Some((v, depth, coords)) = stack.pop() {
         match v {
             Value::Array(items) => {
-                for item in items.iter().rev() {
-                    stack.push((item, depth));
+                let id = items as *const Vec<Value> as usize;
+                for (i, item) in items.iter().enumerate().rev() {
+                    let mut c = coords.clone();
+                    if matches!(item, Value::Object(_) | Value::Array(_)) {
+                        c.push((id, i));
+                    }
+                    stack.push((item, depth, c));
                 }
             }
             Value::Object(map) => {
                 if let Some(key) = path.get(depth) {
                     if let Some(child) = map.get(key) {
-                        stack.push((child, depth + 1));
+                        stack.push((child, depth + 1, coords));
                     }
                 }
             }
             scalar => {
                 if depth == path.len() {
                     if let Some(leaf) = Leaf::from_json(scalar) {
-                        f(leaf);
+                        f(leaf, &coords);
                     }
                 }
             }
@@ -258,8 +280,14 @@ impl<'a> EventView<'a> {
         self.data.get_or_init(|| data_json(self.event)).as_deref()
     }
 
-    /// All leaves at a full field path (first segment: attribute name or `data`).
-    pub(crate) fn leaves(&self, attr: &Attr, rest: &[String], f: &mut dyn FnMut(Leaf<'_>)) {
+    /// All leaves at a full field path (first segment: attribute name or `data`), with
+    /// their coordinates (empty for attributes).
+    pub(crate) fn leaves(
+        &self,
+        attr: &Attr,
+        rest: &[String],
+        f: &mut dyn FnMut(Leaf<'_>, &Coords),
+    ) {
         match attr {
             Attr::Data => {
                 if let Some(d) = self.data() {
@@ -268,7 +296,7 @@ impl<'a> EventView<'a> {
             }
             other => {
                 if rest.is_empty() {
-                    with_attribute(self.event, other, f);
+                    with_attribute(self.event, other, &mut |leaf| f(leaf, &[]));
                 }
             }
         }
