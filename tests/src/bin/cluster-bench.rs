@@ -85,7 +85,7 @@ async fn takeover(rounds: usize) {
             .shards(SHARDS)
             .start()
     };
-    let mut replicas = vec![start().await, start().await, start().await];
+    let mut replicas = [start().await, start().await, start().await];
     let mut live: HashSet<String> = replicas.iter().map(worker_of).collect();
     settled(&replicas[0], &live).await;
     let mut takeovers = Vec::new();
