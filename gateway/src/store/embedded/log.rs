@@ -677,11 +677,7 @@ impl ReadState {
                 }
                 // The end of a segment below the tail: the next segment starts here.
                 Ok(None) => {
-                    let next_segment = self
-                        .segments
-                        .lock()
-                        .map_err(poisoned)?
-                        .contains(&self.next);
+                    let next_segment = self.segments.lock().map_err(poisoned)?.contains(&self.next);
                     if !next_segment {
                         return Err(StoreError::Corrupt(format!(
                             "record {} is missing from the log",
