@@ -278,6 +278,22 @@ impl FieldCondition {
         self.path.get(1..).unwrap_or(&[])
     }
 
+    /// Whether the condition holds on its own (arrays flattened).
+    fn eval(&self, view: &EventView<'_>) -> bool {
+        let mut any_leaf = false;
+        let mut hit = false;
+        view.leaves(&self.attr, self.rest(), &mut |leaf, _| {
+            any_leaf = true;
+            if !hit && self.matchers.iter().any(|m| m.test(leaf)) {
+                hit = true;
+            }
+        });
+        hit || self
+            .matchers
+            .iter()
+            .any(|m| matches!(m, Matcher::Exists(e) if *e == any_leaf))
+    }
+
     /// The leaves that satisfy this condition, as coordinates to reconcile with the other
     /// conditions of the conjunction.
     fn witnesses(&self, view: &EventView<'_>) -> Witnesses {
@@ -325,6 +341,14 @@ enum Witnesses {
 /// Whether all conditions hold, with leaves taken from the same element of every array of
 /// objects they share (EventBridge's array-consistent matching).
 pub(crate) fn conjunction_matches(conditions: &[FieldCondition], view: &EventView<'_>) -> bool {
+    // Each condition holding on its own is necessary; it is also sufficient unless two or
+    // more conditions look inside `data`, where arrays of objects can be shared.
+    if !conditions.iter().all(|c| c.eval(view)) {
+        return false;
+    }
+    if conditions.iter().filter(|c| c.attr == Attr::Data).count() < 2 {
+        return true;
+    }
     let mut lists: Vec<Vec<Vec<(usize, usize)>>> = Vec::new();
     for c in conditions {
         match c.witnesses(view) {
