@@ -706,7 +706,8 @@ fn compile_numeric(arg: &Value, at: &mut ErrPath) -> Result<Range, PatternError>
             _ => Err(at.error("expected one of \"=\", \"<\", \"<=\", \">\", \">=\"")),
         })?;
         let value = at.with_index(op_at + 1, |at| match num {
-            Value::Number(n) => Ok(number(n, at)?.f),
+            // `+ 0.0` turns -0.0 into 0.0, so the index sees one zero.
+            Value::Number(n) => Ok(number(n, at)?.f + 0.0),
             _ => Err(at.error("expected a number")),
         })?;
         let bound = |inclusive| Bound { value, inclusive };

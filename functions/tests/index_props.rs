@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 use sluice_functions::{Pattern, RuleIndex};
 
 const STRINGS: &[&str] = &["a", "ab", "abc", "b", "B", "x", "", "10.0.0.1", "Straße"];
-const NUMBERS: &[f64] = &[0.0, 1.0, 2.0, 2.5, -1.0, 300.0];
+const NUMBERS: &[f64] = &[0.0, -0.0, 1.0, 2.0, 2.5, -1.0, 300.0, 1e300];
 
 fn string() -> impl Strategy<Value = String> {
     prop::sample::select(STRINGS).prop_map(str::to_owned)
@@ -16,7 +16,7 @@ fn string() -> impl Strategy<Value = String> {
 
 fn number() -> impl Strategy<Value = Value> {
     prop::sample::select(NUMBERS).prop_map(|n| {
-        if n.fract() == 0.0 && n > -10.0 {
+        if n.fract() == 0.0 && n > -10.0 && n < 1e6 && !(n == 0.0 && n.is_sign_negative()) {
             json!(n as i64)
         } else {
             json!(n)
