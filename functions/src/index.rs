@@ -672,7 +672,7 @@ impl RuleIndex {
         RuleIndexBuilder::default()
     }
 
-    /// Number of distinct rule ids... of match-all rules, pattern alternatives and filters.
+    /// True when no rule was added.
     pub fn is_empty(&self) -> bool {
         self.alternatives.is_empty() && self.match_all.is_empty() && self.filters.is_empty()
     }

@@ -16,7 +16,9 @@ fuzz_target!(|data: &[u8]| {
     let event: cloudevents::Event = match serde_json::from_value(json!({
         "specversion": "1.0", "id": "1", "source": "/s", "type": "t.a", "subject": "x",
         "region": "eu", "n": 5,
-        "data": {"a": "x", "b": [1, 2.5, "y", null, true], "c": {"d": "10.0.0.1"}, "n": 300}
+        "data": {"a": "x", "b": [1, 2.5, "y", null, true], "c": {"d": "10.0.0.1"}, "n": 300,
+                 "items": [{"a": "x", "n": 1, "c": [{"d": "y"}, {"d": "x"}]}, {"a": "y", "n": 300},
+                           [{"a": "z", "b": true}]]}
     })) {
         Ok(e) => e,
         Err(_) => return,
