@@ -12,7 +12,7 @@ APT_UPDATED := $(CACHE)/.apt-updated
 ROCKETMQ_DIR := $(CACHE)/rocketmq-1.0.0
 export SLUICE_ROCKETMQ_BIN ?= $(ROCKETMQ_DIR)/bin
 
-.PHONY: run test lint fmt build bench bench-ingest bench-functions bench-targets tools venv rocketmq clean help
+.PHONY: run test lint fmt build bench bench-ingest bench-functions bench-cluster bench-targets tools venv redis rocketmq clean help
 
 help:
 	@echo "make run    - start the gateway standalone with sluice.example.toml (http://127.0.0.1:8080)"
@@ -27,7 +27,7 @@ run: build
 build:
 	$(CARGO) build -p sluice-gateway
 
-test: tools venv rocketmq
+test: tools venv redis rocketmq
 	$(CARGO) build -p sluice-gateway
 	$(CARGO) nextest run --workspace --no-fail-fast
 
@@ -49,6 +49,13 @@ define apt_install
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2); \
 	fi
 endef
+
+# redis-server for the distributed tests: tests that restart Redis start their own; the
+# others use the one on 127.0.0.1:6379, started here when nothing answers there.
+redis:
+	$(call apt_install,redis-server,redis-server)
+	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || \
+		redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
 
 # The official CloudEvents Python SDK, for the interoperability test.
 venv: $(VENV)/.installed $(VENV)/.standardwebhooks
@@ -73,7 +80,7 @@ rocketmq:
 		$(CARGO) install --locked --root $(ROCKETMQ_DIR) rocketmq-namesrv@1.0.0 rocketmq-broker@1.0.0; \
 	fi
 
-bench: bench-ingest bench-functions bench-targets
+bench: bench-ingest bench-functions bench-cluster bench-targets
 
 # End-to-end events/s into RocketMQ and into an HTTP receiver, against each peer's own capacity.
 bench-targets: rocketmq
@@ -89,3 +96,9 @@ bench-functions:
 clean:
 	$(CARGO) clean
 	rm -rf $(VENV) data
+
+# Takeover and convergence times, and events/s with 1, 2 and 3 replicas (distributed mode,
+# the machine's Redis).
+bench-cluster: redis
+	$(CARGO) build --release -p sluice-gateway -p sluice-tests --bin sluice --bin cluster-bench
+	./target/release/cluster-bench

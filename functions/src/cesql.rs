@@ -13,7 +13,7 @@ use std::fmt;
 use cloudevents::event::AttributeValue;
 use cloudevents::Event;
 
-use crate::view::attribute_value;
+use crate::view::{attribute_value, time_string};
 
 /// Deepest nesting an expression may have.
 pub const MAX_CESQL_DEPTH: usize = 64;
@@ -813,6 +813,46 @@ fn like_matches(pattern: &[LikePart], s: &str) -> bool {
 }
 
 // ---------------------------------------------------------------- evaluation
+//
+// Semantics follow the spec and its TCK:
+// - A failed implicit cast records a cast error and yields the zero value of the target
+//   type (0, false, ""); the operator then proceeds (`NOT 10` is `true` plus an error).
+// - Boolean casts to Integer as 1/0; Integer does not cast to Boolean implicitly (BOOL(x)
+//   does, as x != 0); everything casts to String.
+// - Errors propagate: an operator or function whose operand raised any error (a missing
+//   attribute, a division by zero, a failed cast inside it...) yields the zero value of its
+//   own return type without computing (`missing / 0` is 0 with only the missing-attribute
+//   error; `true AND (1 != 1 / 0)` is false). Only the casts an operator applies to its
+//   own operands let it go on.
+
+/// A value plus whether an error was raised while computing it.
+struct Ev {
+    value: CesqlValue,
+    failed: bool,
+}
+
+impl Ev {
+    fn of(value: CesqlValue) -> Ev {
+        Ev {
+            value,
+            failed: false,
+        }
+    }
+
+    fn failed(zero: CesqlValue) -> Ev {
+        Ev {
+            value: zero,
+            failed: true,
+        }
+    }
+}
+
+const ZERO_BOOL: CesqlValue = CesqlValue::Boolean(false);
+const ZERO_INT: CesqlValue = CesqlValue::Integer(0);
+
+fn zero_string() -> CesqlValue {
+    CesqlValue::String(String::new())
+}
 
 fn attribute(event: &Event, name: &str) -> Option<CesqlValue> {
     Some(match attribute_value(event, name)? {
@@ -821,6 +861,7 @@ fn attribute(event: &Event, name: &str) -> Option<CesqlValue> {
             Ok(i) => CesqlValue::Integer(i),
             Err(_) => CesqlValue::String(i.to_string()),
         },
+        AttributeValue::Time(t) => CesqlValue::String(time_string(t)),
         other => CesqlValue::String(other.to_string()),
     })
 }
@@ -848,38 +889,29 @@ fn parse_bool(s: &str) -> Option<bool> {
     }
 }
 
-/// Casts to Integer; `None` (after recording the error) when the cast fails.
-fn try_int(v: CesqlValue, errors: &mut Vec<EvalError>) -> Option<i32> {
-    let r = match &v {
-        CesqlValue::Integer(i) => Some(*i),
-        CesqlValue::String(s) => parse_int(s),
-        CesqlValue::Boolean(_) => None,
-    };
-    if r.is_none() {
-        errors.push(cast_error(&v, "Integer"));
-    }
-    r
-}
-
-/// Casts to Boolean; `None` (after recording the error) when the cast fails.
-fn try_bool(v: CesqlValue, errors: &mut Vec<EvalError>) -> Option<bool> {
-    let r = match &v {
-        CesqlValue::Boolean(b) => Some(*b),
-        CesqlValue::String(s) => parse_bool(s),
-        CesqlValue::Integer(_) => None,
-    };
-    if r.is_none() {
-        errors.push(cast_error(&v, "Boolean"));
-    }
-    r
-}
-
 fn to_int(v: CesqlValue, errors: &mut Vec<EvalError>) -> i32 {
-    try_int(v, errors).unwrap_or(0)
+    match v {
+        CesqlValue::Integer(i) => i,
+        CesqlValue::Boolean(b) => i32::from(b),
+        CesqlValue::String(ref s) => parse_int(s).unwrap_or_else(|| {
+            errors.push(cast_error(&v, "Integer"));
+            0
+        }),
+    }
 }
 
 fn to_bool(v: CesqlValue, errors: &mut Vec<EvalError>) -> bool {
-    try_bool(v, errors).unwrap_or(false)
+    match v {
+        CesqlValue::Boolean(b) => b,
+        CesqlValue::String(ref s) => parse_bool(s).unwrap_or_else(|| {
+            errors.push(cast_error(&v, "Boolean"));
+            false
+        }),
+        CesqlValue::Integer(_) => {
+            errors.push(cast_error(&v, "Boolean"));
+            false
+        }
+    }
 }
 
 fn to_string(v: CesqlValue) -> String {
@@ -890,40 +922,64 @@ fn to_string(v: CesqlValue) -> String {
 }
 
 /// Casts `v` to the type of `like`.
-fn cast_like(v: CesqlValue, like: &CesqlValue, errors: &mut Vec<EvalError>) -> Option<CesqlValue> {
-    Some(match like {
-        CesqlValue::Boolean(_) => CesqlValue::Boolean(try_bool(v, errors)?),
-        CesqlValue::Integer(_) => CesqlValue::Integer(try_int(v, errors)?),
+fn cast_like(v: CesqlValue, like: &CesqlValue, errors: &mut Vec<EvalError>) -> CesqlValue {
+    match like {
+        CesqlValue::Boolean(_) => CesqlValue::Boolean(to_bool(v, errors)),
+        CesqlValue::Integer(_) => CesqlValue::Integer(to_int(v, errors)),
         CesqlValue::String(_) => CesqlValue::String(to_string(v)),
-    })
+    }
 }
 
 fn eval(e: &Expr, event: &Event, errors: &mut Vec<EvalError>) -> CesqlValue {
+    eval_ev(e, event, errors).value
+}
+
+fn eval_ev(e: &Expr, event: &Event, errors: &mut Vec<EvalError>) -> Ev {
+    let before = errors.len();
+    let mut ev = eval_node(e, event, errors);
+    if errors.len() > before {
+        ev.failed = true;
+    }
+    ev
+}
+
+fn eval_node(e: &Expr, event: &Event, errors: &mut Vec<EvalError>) -> Ev {
     match e {
-        Expr::Lit(v) => v.clone(),
-        Expr::Attr(name) => attribute(event, name).unwrap_or_else(|| {
-            errors.push(EvalError::MissingAttribute(name.clone()));
-            CesqlValue::Boolean(false)
-        }),
-        Expr::Exists(name) => CesqlValue::Boolean(attribute_value(event, name).is_some()),
+        Expr::Lit(v) => Ev::of(v.clone()),
+        Expr::Attr(name) => match attribute(event, name) {
+            Some(v) => Ev::of(v),
+            None => {
+                errors.push(EvalError::MissingAttribute(name.clone()));
+                Ev::failed(ZERO_BOOL)
+            }
+        },
+        Expr::Exists(name) => Ev::of(CesqlValue::Boolean(attribute_value(event, name).is_some())),
         Expr::Not(inner) => {
-            let v = eval(inner, event, errors);
-            CesqlValue::Boolean(try_bool(v, errors).is_some_and(|b| !b))
+            let v = eval_ev(inner, event, errors);
+            if v.failed {
+                return Ev::failed(ZERO_BOOL);
+            }
+            Ev::of(CesqlValue::Boolean(!to_bool(v.value, errors)))
         }
         Expr::Neg(inner) => {
-            let v = eval(inner, event, errors);
-            let Some(i) = try_int(v, errors) else {
-                return CesqlValue::Integer(0);
-            };
-            CesqlValue::Integer(i.checked_neg().unwrap_or_else(|| {
+            let v = eval_ev(inner, event, errors);
+            if v.failed {
+                return Ev::failed(ZERO_INT);
+            }
+            let i = to_int(v.value, errors);
+            Ev::of(CesqlValue::Integer(i.checked_neg().unwrap_or_else(|| {
                 errors.push(EvalError::Overflow("unary minus"));
                 i32::MAX
-            }))
+            })))
         }
         Expr::Chain(first, rest) => {
-            let mut acc = eval(first, event, errors);
+            let mut acc = eval_ev(first, event, errors);
             for (op, rhs) in rest {
-                acc = binary(*op, acc, rhs, event, errors);
+                acc = if acc.failed {
+                    Ev::failed(zero_of(*op))
+                } else {
+                    binary(*op, acc.value, rhs, event, errors)
+                };
             }
             acc
         }
@@ -932,81 +988,86 @@ fn eval(e: &Expr, event: &Event, errors: &mut Vec<EvalError>) -> CesqlValue {
             pattern,
             negated,
         } => {
-            let s = to_string(eval(value, event, errors));
-            CesqlValue::Boolean(like_matches(pattern, &s) != *negated)
+            let v = eval_ev(value, event, errors);
+            if v.failed {
+                return Ev::failed(ZERO_BOOL);
+            }
+            let s = to_string(v.value);
+            Ev::of(CesqlValue::Boolean(like_matches(pattern, &s) != *negated))
         }
         Expr::In {
             value,
             set,
             negated,
         } => {
-            let x = eval(value, event, errors);
+            let x = eval_ev(value, event, errors);
+            if x.failed {
+                return Ev::failed(ZERO_BOOL);
+            }
             let mut found = false;
             for item in set {
-                let v = eval(item, event, errors);
-                match cast_like(v, &x, errors) {
-                    Some(v) if v == x => {
-                        found = true;
-                        break;
-                    }
-                    Some(_) => {}
-                    // A failed cast yields the zero value of the operator: false.
-                    None => return CesqlValue::Boolean(false),
+                let v = eval_ev(item, event, errors);
+                if v.failed {
+                    return Ev::failed(ZERO_BOOL);
+                }
+                if cast_like(v.value, &x.value, errors) == x.value {
+                    found = true;
+                    break;
                 }
             }
-            CesqlValue::Boolean(found != *negated)
+            Ev::of(CesqlValue::Boolean(found != *negated))
         }
         Expr::Call(f, args) => call(*f, args, event, errors),
     }
 }
 
-/// One step of a chain. When an operand cannot be cast, the result is the zero value of
-/// the operator's return type (false or 0), as the spec requires.
+fn zero_of(op: BinOp) -> CesqlValue {
+    match op {
+        BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Mod => ZERO_INT,
+        _ => ZERO_BOOL,
+    }
+}
+
+/// One step of a chain; `left` is known not to have failed.
 fn binary(
     op: BinOp,
     left: CesqlValue,
     right: &Expr,
     event: &Event,
     errors: &mut Vec<EvalError>,
-) -> CesqlValue {
-    match op {
-        BinOp::And | BinOp::Or => {
-            let Some(l) = try_bool(left, errors) else {
-                return CesqlValue::Boolean(false);
-            };
-            // Short-circuit: the right operand is not evaluated (and raises no errors).
-            if (op == BinOp::And && !l) || (op == BinOp::Or && l) {
-                return CesqlValue::Boolean(l);
-            }
-            let r = eval(right, event, errors);
-            CesqlValue::Boolean(try_bool(r, errors).unwrap_or(false))
+) -> Ev {
+    if matches!(op, BinOp::And | BinOp::Or) {
+        let l = to_bool(left, errors);
+        // Short-circuit: the right operand is not evaluated (and raises no errors).
+        if (op == BinOp::And && !l) || (op == BinOp::Or && l) {
+            return Ev::of(CesqlValue::Boolean(l));
         }
+        let r = eval_ev(right, event, errors);
+        if r.failed {
+            return Ev::failed(ZERO_BOOL);
+        }
+        return Ev::of(CesqlValue::Boolean(to_bool(r.value, errors)));
+    }
+    let r = eval_ev(right, event, errors);
+    if r.failed {
+        return Ev::failed(zero_of(op));
+    }
+    let r = r.value;
+    Ev::of(match op {
         BinOp::Xor => {
-            let l = try_bool(left, errors);
-            let r = eval(right, event, errors);
-            let r = try_bool(r, errors);
-            CesqlValue::Boolean(matches!((l, r), (Some(l), Some(r)) if l != r))
+            let l = to_bool(left, errors);
+            CesqlValue::Boolean(l != to_bool(r, errors))
         }
         BinOp::Eq | BinOp::Ne => {
-            let r = eval(right, event, errors);
-            match cast_like(left, &r, errors) {
-                Some(l) => CesqlValue::Boolean((l == r) == (op == BinOp::Eq)),
-                None => CesqlValue::Boolean(false),
-            }
+            let l = cast_like(left, &r, errors);
+            CesqlValue::Boolean((l == r) == (op == BinOp::Eq))
         }
         _ => {
-            let l = try_int(left, errors);
-            let r = eval(right, event, errors);
-            let r = try_int(r, errors);
-            match (l, r) {
-                (Some(l), Some(r)) => arithmetic(op, l, r, errors),
-                _ if matches!(op, BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge) => {
-                    CesqlValue::Boolean(false)
-                }
-                _ => CesqlValue::Integer(0),
-            }
+            let l = to_int(left, errors);
+            let r = to_int(r, errors);
+            arithmetic(op, l, r, errors)
         }
-    }
+    })
 }
 
 fn arithmetic(op: BinOp, l: i32, r: i32, errors: &mut Vec<EvalError>) -> CesqlValue {
@@ -1035,20 +1096,34 @@ fn arithmetic(op: BinOp, l: i32, r: i32, errors: &mut Vec<EvalError>) -> CesqlVa
     }
 }
 
-fn call(f: Func, args: &[Expr], event: &Event, errors: &mut Vec<EvalError>) -> CesqlValue {
-    let mut vals = args
-        .iter()
-        .map(|a| eval(a, event, errors))
-        .collect::<Vec<_>>()
-        .into_iter();
-    let mut next = || vals.next().unwrap_or(CesqlValue::String(String::new()));
+impl Func {
+    fn zero(self) -> CesqlValue {
+        match self {
+            Func::Length | Func::Abs | Func::Int => ZERO_INT,
+            Func::Bool | Func::IsInt | Func::IsBool => ZERO_BOOL,
+            _ => zero_string(),
+        }
+    }
+}
+
+fn call(f: Func, args: &[Expr], event: &Event, errors: &mut Vec<EvalError>) -> Ev {
+    let mut vals = Vec::with_capacity(args.len());
+    for a in args {
+        let v = eval_ev(a, event, errors);
+        if v.failed {
+            return Ev::failed(f.zero());
+        }
+        vals.push(v.value);
+    }
+    let mut vals = vals.into_iter();
+    let mut next = || vals.next().unwrap_or_else(zero_string);
     let fail = |errors: &mut Vec<EvalError>, message: String| {
         errors.push(EvalError::Function {
             function: f.name(),
             message,
         })
     };
-    match f {
+    Ev::of(match f {
         Func::Length => {
             let n = to_string(next()).chars().count();
             CesqlValue::Integer(i32::try_from(n).unwrap_or(i32::MAX))
@@ -1070,12 +1145,10 @@ fn call(f: Func, args: &[Expr], event: &Event, errors: &mut Vec<EvalError>) -> C
         Func::Trim => CesqlValue::String(to_string(next()).trim().to_owned()),
         Func::Left | Func::Right => {
             let s = to_string(next());
-            let Some(n) = try_int(next(), errors) else {
-                return CesqlValue::String(String::new());
-            };
+            let n = to_int(next(), errors);
             if n < 0 {
                 fail(errors, format!("negative length {n}"));
-                return CesqlValue::String(s);
+                return Ev::of(CesqlValue::String(s));
             }
             let len = s.chars().count();
             let n = (n as usize).min(len);
@@ -1088,14 +1161,9 @@ fn call(f: Func, args: &[Expr], event: &Event, errors: &mut Vec<EvalError>) -> C
         }
         Func::Substring => {
             let s = to_string(next());
-            let Some(pos) = try_int(next(), errors) else {
-                return CesqlValue::String(String::new());
-            };
+            let pos = to_int(next(), errors);
             let take = if args.len() == 3 {
-                match try_int(next(), errors) {
-                    Some(t) => Some(t),
-                    None => return CesqlValue::String(String::new()),
-                }
+                Some(to_int(next(), errors))
             } else {
                 None
             };
@@ -1103,20 +1171,21 @@ fn call(f: Func, args: &[Expr], event: &Event, errors: &mut Vec<EvalError>) -> C
                 .map(CesqlValue::String)
                 .unwrap_or_else(|m| {
                     fail(errors, m);
-                    CesqlValue::String(String::new())
+                    zero_string()
                 })
         }
         Func::Abs => {
-            let Some(i) = try_int(next(), errors) else {
-                return CesqlValue::Integer(0);
-            };
+            let i = to_int(next(), errors);
             CesqlValue::Integer(i.checked_abs().unwrap_or_else(|| {
                 errors.push(EvalError::Overflow("ABS"));
                 i32::MAX
             }))
         }
         Func::Int => CesqlValue::Integer(to_int(next(), errors)),
-        Func::Bool => CesqlValue::Boolean(to_bool(next(), errors)),
+        Func::Bool => CesqlValue::Boolean(match next() {
+            CesqlValue::Integer(i) => i != 0,
+            other => to_bool(other, errors),
+        }),
         Func::String => CesqlValue::String(to_string(next())),
         Func::IsInt => CesqlValue::Boolean(match next() {
             CesqlValue::Integer(_) => true,
@@ -1128,7 +1197,7 @@ fn call(f: Func, args: &[Expr], event: &Event, errors: &mut Vec<EvalError>) -> C
             CesqlValue::String(s) => parse_bool(&s).is_some(),
             CesqlValue::Integer(_) => false,
         }),
-    }
+    })
 }
 
 fn substring(s: &str, pos: i32, take: Option<i32>) -> Result<String, String> {

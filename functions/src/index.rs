@@ -1,16 +1,20 @@
 //! All rules of a bus compiled into one matcher.
 //!
-//! In the manner of aws/event-ruler and Quamina, patterns are broken into field conditions
-//! keyed by field path. A trie of the paths the rules use guides a walk over the event, so
-//! only fields some rule looks at are visited. Every leaf found is looked up in its path's
-//! tables (hash maps for exact and case-folded values, hash maps probed per distinct length
-//! for prefixes and suffixes, a segment tree for numeric ranges), which yield the satisfied
-//! conditions. Each alternative of each pattern counts its satisfied conditions and matches
-//! when all are satisfied ("candidate counting"). The work per event grows with the number
-//! of fields visited and conditions satisfied, not with the number of rules.
+//! Patterns are broken into alternatives (one per `$or` combination), each a conjunction of
+//! field conditions keyed by field path. For every alternative the builder picks one
+//! *anchor* condition: the one expected to be satisfied by the fewest events, judged by how
+//! many conditions of the whole rule set share its value (a `type` shared by a thousand
+//! rules is a poor anchor, a per-rule `orderId` a good one). Only anchors are indexed.
 //!
-//! Operators that do not index well (wildcard, anything-but, cidr) are kept per path and
-//! tested only against leaves at that path; CESQL filters are evaluated one by one.
+//! At match time a trie of the anchor paths guides a walk over the event, so only fields
+//! some anchor looks at are visited. Each leaf found is looked up in its path's tables
+//! (hash maps for exact and case-folded values, hash maps probed once per distinct length
+//! for prefixes and suffixes, a segment tree for numeric ranges, and a short list of
+//! operators that do not index well: wildcard, anything-but, cidr). An alternative whose
+//! anchor is satisfied becomes a candidate, and its remaining conditions are checked
+//! directly against the event. The work per event therefore grows with the number of
+//! fields visited and candidates produced, not with the number of rules. CESQL filters are
+//! evaluated one by one.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -18,21 +22,97 @@ use std::collections::HashMap;
 use cloudevents::Event;
 
 use crate::cesql::CesqlFilter;
-use crate::pattern::{Matcher, Pattern, Range, Scalar};
-use crate::view::{fold, with_attribute, Attr, EventView, Leaf, NumKey};
+use crate::pattern::{conjunction_matches, FieldCondition, Matcher, Pattern, Range, Scalar};
+use crate::view::{fold_into, with_attribute, Attr, EventView, Leaf, NumKey};
 
 type CondId = u32;
+
+/// FxHash (as in rustc): much faster than SipHash for the short keys looked up per leaf.
+/// Flooding is not a concern: only rule values (configuration) are stored as keys, and a
+/// lookup of event data costs one probe sequence whatever its value.
+#[derive(Default, Clone, Copy)]
+struct FxHasher {
+    hash: u64,
+}
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl std::hash::Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut buf = [0u8; 8];
+            buf.copy_from_slice(c);
+            self.add(u64::from_le_bytes(buf));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut buf = [0u8; 8];
+            for (b, r) in buf.iter_mut().zip(rest) {
+                *b = *r;
+            }
+            self.add(u64::from_le_bytes(buf));
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.hash
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
 
 /// Builds a [`RuleIndex`].
 #[derive(Debug, Default, Clone)]
 pub struct RuleIndexBuilder {
-    path_ids: HashMap<Vec<String>, u32>,
-    paths: Vec<Vec<String>>,
-    tables: Vec<TableBuilder>,
-    cond_owner: Vec<u32>,
-    alternatives: Vec<Alternative>,
+    alternatives: Vec<(usize, Vec<FieldCondition>)>,
     match_all: Vec<usize>,
     filters: Vec<(usize, CesqlFilter)>,
+}
+
+/// Field paths and their tables.
+#[derive(Debug, Default)]
+struct Paths {
+    ids: HashMap<Vec<String>, u32>,
+    paths: Vec<Vec<String>>,
+    tables: Vec<TableBuilder>,
+}
+
+impl Paths {
+    fn table(&mut self, path: &[String]) -> (u32, &mut TableBuilder) {
+        let id = match self.ids.get(path) {
+            Some(id) => *id,
+            None => {
+                let id = self.paths.len() as u32;
+                self.ids.insert(path.to_vec(), id);
+                self.paths.push(path.to_vec());
+                self.tables.push(TableBuilder::default());
+                id
+            }
+        };
+        let idx = id as usize;
+        if self.tables.len() <= idx {
+            self.tables.resize_with(idx + 1, TableBuilder::default);
+        }
+        (id, &mut self.tables[idx])
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -41,20 +121,22 @@ struct TableBuilder {
     ranges: Vec<(Range, CondId)>,
 }
 
-#[derive(Debug, Clone, Copy)]
+/// An alternative of a pattern: its anchor condition is indexed; once the anchor fires,
+/// the whole conjunction is verified (with array consistency).
+#[derive(Debug, Clone)]
 struct Alternative {
     rule_id: usize,
-    needed: u32,
+    conditions: Vec<FieldCondition>,
 }
 
 /// Per-path lookup tables.
 #[derive(Debug, Default, Clone)]
 struct PathTable {
-    exact_str: HashMap<Box<str>, Vec<CondId>>,
-    exact_num: HashMap<NumKey, Vec<CondId>>,
+    exact_str: FastMap<Box<str>, Vec<CondId>>,
+    exact_num: FastMap<NumKey, Vec<CondId>>,
     exact_bool: [Vec<CondId>; 2],
     exact_null: Vec<CondId>,
-    folded: HashMap<Box<str>, Vec<CondId>>,
+    folded: FastMap<Box<str>, Vec<CondId>>,
     prefix: AffixTable,
     prefix_folded: AffixTable,
     suffix: AffixTable,
@@ -69,7 +151,7 @@ struct PathTable {
 /// Prefixes (or suffixes) by value, probed once per distinct length.
 #[derive(Debug, Default, Clone)]
 struct AffixTable {
-    by_value: HashMap<Box<str>, Vec<CondId>>,
+    by_value: FastMap<Box<str>, Vec<CondId>>,
     lengths: Vec<usize>,
 }
 
@@ -210,23 +292,8 @@ impl RuleIndexBuilder {
         for alt in &pattern.alternatives {
             if alt.conditions.is_empty() {
                 self.match_all.push(rule_id);
-                continue;
-            }
-            let alt_id = self.alternatives.len() as u32;
-            self.alternatives.push(Alternative {
-                rule_id,
-                needed: alt.conditions.len() as u32,
-            });
-            for cond in &alt.conditions {
-                let cond_id = self.cond_owner.len() as CondId;
-                self.cond_owner.push(alt_id);
-                let path_id = self.path_id(&cond.path);
-                let Some(tb) = self.tables.get_mut(path_id as usize) else {
-                    continue;
-                };
-                for m in &cond.matchers {
-                    tb.register(m, cond_id);
-                }
+            } else {
+                self.alternatives.push((rule_id, alt.conditions.clone()));
             }
         }
         self
@@ -244,22 +311,50 @@ impl RuleIndexBuilder {
         self
     }
 
-    fn path_id(&mut self, path: &[String]) -> u32 {
-        if let Some(id) = self.path_ids.get(path) {
-            return *id;
-        }
-        let id = self.paths.len() as u32;
-        self.path_ids.insert(path.to_vec(), id);
-        self.paths.push(path.to_vec());
-        self.tables.push(TableBuilder::default());
-        id
-    }
-
     /// Freezes the rules added so far into an index.
     pub fn build(&self) -> RuleIndex {
+        // Census: how many conditions share each indexed key.
+        let mut census = Paths::default();
+        for (_, conds) in &self.alternatives {
+            for cond in conds {
+                let (_, t) = census.table(&cond.path);
+                for m in &cond.matchers {
+                    t.register(m, 0);
+                }
+            }
+        }
+        let mut paths = Paths::default();
+        let mut alternatives = Vec::with_capacity(self.alternatives.len());
+        for (alt_id, (rule_id, conds)) in self.alternatives.iter().enumerate() {
+            let cost = |c: &FieldCondition| -> usize {
+                let t = census
+                    .ids
+                    .get(&c.path)
+                    .and_then(|id| census.tables.get(*id as usize));
+                t.map_or(usize::MAX, |t| {
+                    c.matchers
+                        .iter()
+                        .map(|m| t.cost(m))
+                        .fold(0, usize::saturating_add)
+                })
+            };
+            let anchor = (0..conds.len()).min_by_key(|i| conds.get(*i).map_or(usize::MAX, cost));
+            let Some(anchor) = anchor.and_then(|i| conds.get(i)) else {
+                continue;
+            };
+            let (_, t) = paths.table(&anchor.path);
+            for m in &anchor.matchers {
+                t.register(m, alt_id as CondId);
+            }
+            alternatives.push(Alternative {
+                rule_id: *rule_id,
+                conditions: conds.clone(),
+            });
+        }
+
         let mut nodes = vec![Node::default()];
         let mut top: Vec<(Attr, usize)> = Vec::new();
-        for (path_id, path) in self.paths.iter().enumerate() {
+        for (path_id, path) in paths.paths.iter().enumerate() {
             let Some((head, rest)) = path.split_first() else {
                 continue;
             };
@@ -292,7 +387,7 @@ impl RuleIndexBuilder {
                 n.path_id = Some(path_id as u32);
             }
         }
-        let tables: Vec<PathTable> = self
+        let tables: Vec<PathTable> = paths
             .tables
             .iter()
             .map(|tb| {
@@ -315,8 +410,7 @@ impl RuleIndexBuilder {
             nodes,
             tables,
             absent,
-            cond_owner: self.cond_owner.clone(),
-            alternatives: self.alternatives.clone(),
+            alternatives,
             match_all,
             filters: self.filters.clone(),
         }
@@ -324,6 +418,28 @@ impl RuleIndexBuilder {
 }
 
 impl TableBuilder {
+    /// Rough number of conditions at this path that fire together with `m`: lower is a
+    /// better anchor. Operators that tend to fire on most events weigh more.
+    fn cost(&self, m: &Matcher) -> usize {
+        let t = &self.table;
+        let len = |v: Option<&Vec<CondId>>| v.map_or(0, Vec::len);
+        match m {
+            Matcher::Exact(Scalar::Str(s)) => len(t.exact_str.get(s.as_str())),
+            Matcher::Exact(Scalar::Num(k)) => len(t.exact_num.get(k)),
+            Matcher::Exact(Scalar::Bool(b)) => t.exact_bool[usize::from(*b)].len(),
+            Matcher::Exact(Scalar::Null) => t.exact_null.len(),
+            Matcher::Prefix(p) => len(t.prefix.by_value.get(p.as_str())) + 1,
+            Matcher::Suffix(p) => len(t.suffix.by_value.get(p.as_str())) + 1,
+            Matcher::PrefixIgnoreCase(p) => len(t.prefix_folded.by_value.get(p.as_str())) + 1,
+            Matcher::SuffixIgnoreCase(p) => len(t.suffix_folded.by_value.get(p.as_str())) + 1,
+            Matcher::EqualsIgnoreCase(v) => len(t.folded.get(v.as_str())),
+            Matcher::Numeric(_) => self.ranges.len() + 1,
+            Matcher::Exists(true) => 4 * t.exists.len() + 4,
+            Matcher::Exists(false) => 8 * t.absent.len() + 8,
+            _ => 4 * t.other.len() + 4,
+        }
+    }
+
     fn register(&mut self, m: &Matcher, c: CondId) {
         let t = &mut self.table;
         match m {
@@ -368,7 +484,6 @@ pub struct RuleIndex {
     nodes: Vec<Node>,
     tables: Vec<PathTable>,
     absent: Vec<u32>,
-    cond_owner: Vec<u32>,
     alternatives: Vec<Alternative>,
     match_all: Vec<usize>,
     filters: Vec<(usize, CesqlFilter)>,
@@ -377,27 +492,22 @@ pub struct RuleIndex {
 #[derive(Default)]
 struct Scratch {
     epoch: u32,
-    cond: Vec<u32>,
     alt: Vec<u32>,
-    count: Vec<u32>,
     path: Vec<u32>,
+    /// Reused buffer for case-folded values.
+    fold: String,
 }
 
 impl Scratch {
-    fn begin(&mut self, conds: usize, alts: usize, paths: usize) {
+    fn begin(&mut self, alts: usize, paths: usize) {
         self.epoch = self.epoch.wrapping_add(1);
         if self.epoch == 0 {
-            self.cond.fill(0);
             self.alt.fill(0);
             self.path.fill(0);
             self.epoch = 1;
         }
-        if self.cond.len() < conds {
-            self.cond.resize(conds, 0);
-        }
         if self.alt.len() < alts {
             self.alt.resize(alts, 0);
-            self.count.resize(alts, 0);
         }
         if self.path.len() < paths {
             self.path.resize(paths, 0);
@@ -409,38 +519,26 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-struct Run<'i, 's> {
+struct Run<'i, 's, 'v, 'e> {
     index: &'i RuleIndex,
     scratch: &'s mut Scratch,
     out: &'s mut Vec<usize>,
+    view: &'v EventView<'e>,
 }
 
-impl Run<'_, '_> {
-    fn satisfy(&mut self, c: CondId) {
+impl Run<'_, '_, '_, '_> {
+    /// The anchor of alternative `a` is satisfied: verify the rest once per event.
+    fn satisfy(&mut self, a: CondId) {
         let epoch = self.scratch.epoch;
-        let Some(stamp) = self.scratch.cond.get_mut(c as usize) else {
+        let Some(stamp) = self.scratch.alt.get_mut(a as usize) else {
             return;
         };
         if *stamp == epoch {
             return;
         }
         *stamp = epoch;
-        let Some(&alt) = self.index.cond_owner.get(c as usize) else {
-            return;
-        };
-        let a = alt as usize;
-        let (Some(stamp), Some(count)) =
-            (self.scratch.alt.get_mut(a), self.scratch.count.get_mut(a))
-        else {
-            return;
-        };
-        if *stamp != epoch {
-            *stamp = epoch;
-            *count = 0;
-        }
-        *count += 1;
-        if let Some(alt) = self.index.alternatives.get(a) {
-            if *count == alt.needed {
+        if let Some(alt) = self.index.alternatives.get(a as usize) {
+            if conjunction_matches(&alt.conditions, self.view) {
                 self.out.push(alt.rule_id);
             }
         }
@@ -458,6 +556,7 @@ impl Run<'_, '_> {
                 t.exists.iter().for_each(|c| self.satisfy(*c));
             }
         }
+        let mut folded = std::mem::take(&mut self.scratch.fold);
         let mut hit = |c: CondId| self.satisfy(c);
         match leaf {
             Leaf::Str(s) => {
@@ -467,12 +566,12 @@ impl Run<'_, '_> {
                 t.prefix.lookup_prefixes(s, &mut hit);
                 t.suffix.lookup_suffixes(s, &mut hit);
                 if t.needs_fold {
-                    let f = fold(s);
-                    if let Some(cs) = t.folded.get(f.as_str()) {
+                    fold_into(&mut folded, s);
+                    if let Some(cs) = t.folded.get(folded.as_str()) {
                         cs.iter().for_each(|c| hit(*c));
                     }
-                    t.prefix_folded.lookup_prefixes(&f, &mut hit);
-                    t.suffix_folded.lookup_suffixes(&f, &mut hit);
+                    t.prefix_folded.lookup_prefixes(&folded, &mut hit);
+                    t.suffix_folded.lookup_suffixes(&folded, &mut hit);
                 }
             }
             Leaf::Num(n) => {
@@ -489,6 +588,7 @@ impl Run<'_, '_> {
                 hit(*c);
             }
         }
+        self.scratch.fold = folded;
     }
 
     fn walk(&mut self, view: &EventView<'_>) {
@@ -498,8 +598,8 @@ impl Run<'_, '_> {
                 continue;
             };
             if *attr == Attr::Data {
-                if let Some(data) = view.data.as_deref() {
-                    self.walk_json(data, *node);
+                if let Some(data) = view.data() {
+                    self.walk_json(data, *node, 0);
                 }
             } else if let Some(p) = n.path_id {
                 with_attribute(view.event, attr, &mut |leaf| self.leaf(p, leaf));
@@ -507,7 +607,39 @@ impl Run<'_, '_> {
         }
     }
 
-    fn walk_json(&mut self, root: &serde_json::Value, node: usize) {
+    /// Recursive while shallow (no allocation); hands deeper subtrees to the iterative walk
+    /// so hostile nesting cannot overflow the stack.
+    fn walk_json(&mut self, v: &serde_json::Value, node: usize, depth: usize) {
+        use serde_json::Value;
+        if depth > 48 {
+            return self.walk_json_iter(v, node);
+        }
+        let index = self.index;
+        let Some(n) = index.nodes.get(node) else {
+            return;
+        };
+        match v {
+            Value::Array(items) => {
+                for i in items {
+                    self.walk_json(i, node, depth + 1);
+                }
+            }
+            Value::Object(map) => {
+                for (key, child) in &n.children {
+                    if let Some(cv) = map.get(key) {
+                        self.walk_json(cv, *child, depth + 1);
+                    }
+                }
+            }
+            scalar => {
+                if let (Some(p), Some(leaf)) = (n.path_id, Leaf::from_json(scalar)) {
+                    self.leaf(p, leaf);
+                }
+            }
+        }
+    }
+
+    fn walk_json_iter(&mut self, root: &serde_json::Value, node: usize) {
         use serde_json::Value;
         let index = self.index;
         let mut stack = vec![(root, node)];
@@ -540,7 +672,7 @@ impl RuleIndex {
         RuleIndexBuilder::default()
     }
 
-    /// Number of distinct rule ids... of match-all rules, pattern alternatives and filters.
+    /// True when no rule was added.
     pub fn is_empty(&self) -> bool {
         self.alternatives.is_empty() && self.match_all.is_empty() && self.filters.is_empty()
     }
@@ -567,15 +699,12 @@ impl RuleIndex {
     }
 
     fn run(&self, view: &EventView<'_>, scratch: &mut Scratch, out: &mut Vec<usize>) {
-        scratch.begin(
-            self.cond_owner.len(),
-            self.alternatives.len(),
-            self.tables.len(),
-        );
+        scratch.begin(self.alternatives.len(), self.tables.len());
         let mut run = Run {
             index: self,
             scratch,
             out,
+            view,
         };
         run.walk(view);
         for p in &self.absent {

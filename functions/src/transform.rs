@@ -11,14 +11,14 @@
 //! (attributes plus `data`, with a JSON payload parsed). Everything is compiled up front;
 //! applying a chain never panics and reports a failure as that event's error.
 
-use cloudevents::{AttributesReader, Event};
+use cloudevents::{AttributesReader, AttributesWriter, Data, Event};
 use jsonpath_rust::parser::model::JpQuery;
 use jsonpath_rust::parser::parse_json_path;
 use jsonpath_rust::query::js_path_process;
 use serde_json::{Map, Value};
 
 use crate::template::Template;
-use crate::view::{data_json, is_attribute_name};
+use crate::view::{data_json, is_attribute_name, with_attribute, Attr, Leaf, NumKey};
 
 /// What a chain produces for one event.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +58,135 @@ pub struct TransformChain {
 struct JsonPath {
     source: String,
     query: JpQuery,
+    /// A plain path (`$.a.b`, `$['a']`, `$.a[0]`) resolved by direct navigation, without
+    /// building the structured JSON form of the event.
+    simple: Option<Vec<Seg>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+fn parse_simple(s: &str) -> Option<Vec<Seg>> {
+    let mut rest = s.strip_prefix('$')?;
+    let mut segs = Vec::new();
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix("['") {
+            let end = r.find("']")?;
+            let key = r.get(..end)?;
+            if key.contains(['\\', '\'']) {
+                return None;
+            }
+            segs.push(Seg::Key(key.to_owned()));
+            rest = r.get(end + 2..)?;
+        } else if let Some(r) = rest.strip_prefix('[') {
+            let end = r.find(']')?;
+            let digits = r.get(..end)?;
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            segs.push(Seg::Index(digits.parse().ok()?));
+            rest = r.get(end + 1..)?;
+        } else if let Some(r) = rest.strip_prefix('.') {
+            let end = r
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(r.len());
+            if end == 0 {
+                return None;
+            }
+            segs.push(Seg::Key(r.get(..end)?.to_owned()));
+            rest = r.get(end..)?;
+        } else {
+            return None;
+        }
+    }
+    // `$` alone and `$.data_base64` need the full structured form.
+    match segs.first() {
+        Some(Seg::Key(k)) if k != "data_base64" => Some(segs),
+        _ => None,
+    }
+}
+
+/// Resolves a plain path against the event; `None` when it cannot be done directly.
+fn select_simple(segs: &[Seg], event: &Event) -> Option<Option<Value>> {
+    let (Seg::Key(head), rest) = segs.split_first()? else {
+        return None;
+    };
+    if head == "data" {
+        let data = match event.data() {
+            None => return Some(None),
+            Some(d) => d,
+        };
+        let Some(root) = data_json(event) else {
+            return match (data, rest.is_empty()) {
+                (Data::String(s), true) => Some(Some(Value::String(s.clone()))),
+                (Data::String(_), false) => Some(None),
+                _ => None,
+            };
+        };
+        let mut v: &Value = &root;
+        for seg in rest {
+            let next = match (seg, v) {
+                (Seg::Key(k), Value::Object(m)) => m.get(k),
+                (Seg::Index(i), Value::Array(a)) => a.get(*i),
+                _ => None,
+            };
+            match next {
+                Some(n) => v = n,
+                None => return Some(None),
+            }
+        }
+        return Some(Some(v.clone()));
+    }
+    if !rest.is_empty() {
+        return Some(None);
+    }
+    let mut out = None;
+    with_attribute(event, &Attr::from_name(head), &mut |leaf| {
+        out = Some(match leaf {
+            Leaf::Str(s) => Value::String(s.to_owned()),
+            Leaf::Bool(b) => Value::Bool(b),
+            Leaf::Num(n) => match n.key {
+                NumKey::Int(i) => i64::try_from(i).map(Value::from).unwrap_or(Value::Null),
+                NumKey::Float(_) => {
+                    serde_json::Number::from_f64(n.f).map_or(Value::Null, Value::Number)
+                }
+            },
+            Leaf::Null => Value::Null,
+        })
+    });
+    Some(out)
+}
+
+/// The event being transformed, with its structured JSON form built only if a path needs it.
+struct Doc<'e> {
+    event: &'e Event,
+    full: Option<Value>,
+}
+
+impl<'e> Doc<'e> {
+    fn new(event: &'e Event) -> Self {
+        Doc { event, full: None }
+    }
+
+    fn select(&mut self, path: &JsonPath) -> Result<Option<Value>, String> {
+        if let Some(r) = path
+            .simple
+            .as_deref()
+            .and_then(|s| select_simple(s, self.event))
+        {
+            return Ok(r);
+        }
+        if self.full.is_none() {
+            self.full = Some(structured(self.event)?);
+        }
+        match &self.full {
+            Some(doc) => path.select(doc),
+            None => Ok(None),
+        }
+    }
 }
 
 impl JsonPath {
@@ -69,6 +198,7 @@ impl JsonPath {
         Ok(JsonPath {
             source: s.to_owned(),
             query,
+            simple: parse_simple(s),
         })
     }
 
@@ -92,10 +222,10 @@ enum Source {
 }
 
 impl Source {
-    fn resolve(&self, doc: &Value) -> Result<Option<Value>, String> {
+    fn resolve(&self, doc: &mut Doc<'_>) -> Result<Option<Value>, String> {
         match self {
             Source::Const(v) => Ok(Some(v.clone())),
-            Source::Path(p) => p.select(doc),
+            Source::Path(p) => doc.select(p),
         }
     }
 }
@@ -188,7 +318,8 @@ impl TransformChain {
 
     /// Applies the chain to one event.
     pub fn apply(&self, event: &Event) -> Result<Output, TransformError> {
-        let mut current = event.clone();
+        // `None`: still the input event, not cloned until a step changes it.
+        let mut current: Option<Event> = None;
         for (i, step) in self.steps.iter().enumerate() {
             let fail = |message: String| TransformError::Apply {
                 step: i,
@@ -196,12 +327,13 @@ impl TransformChain {
                 event_id: event.id().to_owned(),
                 message,
             };
-            match apply_step(step, current).map_err(fail)? {
-                Output::Event(next) => current = next,
-                body => return Ok(body),
+            match apply_step(step, current.as_ref().unwrap_or(event)).map_err(fail)? {
+                None => {}
+                Some(Output::Event(next)) => current = Some(next),
+                Some(body) => return Ok(body),
             }
         }
-        Ok(Output::Event(current))
+        Ok(Output::Event(current.unwrap_or_else(|| event.clone())))
     }
 }
 
@@ -388,9 +520,12 @@ fn dotted(path: &str) -> Result<Vec<String>, String> {
 /// The event in structured JSON form, with a JSON payload parsed into `data`.
 pub(crate) fn structured(event: &Event) -> Result<Value, String> {
     let mut v = serde_json::to_value(event).map_err(|e| format!("cannot serialize event: {e}"))?;
-    if let (Some(obj), Some(data)) = (v.as_object_mut(), data_json(event)) {
-        obj.remove("data_base64");
-        obj.insert("data".into(), data.into_owned());
+    // A JSON payload is already in place; a string or binary one that holds JSON is parsed.
+    if matches!(event.data(), Some(Data::String(_) | Data::Binary(_))) {
+        if let (Some(obj), Some(data)) = (v.as_object_mut(), data_json(event)) {
+            obj.remove("data_base64");
+            obj.insert("data".into(), data.into_owned());
+        }
     }
     Ok(v)
 }
@@ -408,23 +543,31 @@ fn body(value: &Value) -> Output {
     }
 }
 
-fn with_json_data(mut event: Event, value: Value) -> Event {
+fn with_json_data(event: &Event, value: Value) -> Event {
+    let mut event = event.clone();
     event.set_data("application/json", value);
     event
 }
 
-fn apply_step(step: &Step, event: Event) -> Result<Output, String> {
+/// `Ok(None)` when the step leaves the event as it is.
+fn apply_step(step: &Step, event: &Event) -> Result<Option<Output>, String> {
     match step {
-        Step::Original => Ok(Output::Event(event)),
+        Step::Original => Ok(None),
+        other => apply_step_inner(other, event).map(Some),
+    }
+}
+
+fn apply_step_inner(step: &Step, event: &Event) -> Result<Output, String> {
+    match step {
+        Step::Original => Ok(Output::Event(event.clone())),
         Step::Constant { value, into_data } => Ok(if *into_data {
             Output::Event(with_json_data(event, value.clone()))
         } else {
             body(value)
         }),
         Step::JsonPath { path, into_data } => {
-            let doc = structured(&event)?;
-            let value = path
-                .select(&doc)?
+            let value = Doc::new(event)
+                .select(path)?
                 .ok_or_else(|| format!("JSONPath `{}` matched nothing", path.source))?;
             Ok(if *into_data {
                 Output::Event(with_json_data(event, value))
@@ -437,10 +580,10 @@ fn apply_step(step: &Step, event: Event) -> Result<Output, String> {
             template,
             into_data,
         } => {
-            let doc = structured(&event)?;
+            let mut doc = Doc::new(event);
             let values = vars
                 .iter()
-                .map(|p| p.select(&doc))
+                .map(|p| doc.select(p))
                 .collect::<Result<Vec<_>, _>>()?;
             let rendered = template.render(&values)?;
             match (*into_data, rendered.json) {
@@ -450,7 +593,7 @@ fn apply_step(step: &Step, event: Event) -> Result<Output, String> {
                     Ok(Output::Event(with_json_data(event, v)))
                 }
                 (true, false) => {
-                    let mut event = event;
+                    let mut event = event.clone();
                     event.set_data("text/plain", rendered.text);
                     Ok(Output::Event(event))
                 }
@@ -465,27 +608,34 @@ fn apply_step(step: &Step, event: Event) -> Result<Output, String> {
             }
         }
         Step::SetAttributes(attrs) => {
-            let doc = structured(&event)?;
+            let mut doc = Doc::new(event);
             let mut resolved = Vec::with_capacity(attrs.len());
             for (name, src) in attrs {
-                if let Some(v) = src.resolve(&doc)? {
+                if let Some(v) = src.resolve(&mut doc)? {
                     resolved.push((name, attribute_json(name, v)?));
                 }
             }
-            edit_attributes(&event, |obj| {
+            // Time and dataschema need parsing and validation: go through the structured form.
+            if resolved
+                .iter()
+                .all(|(n, _)| !matches!(n.as_str(), "time" | "dataschema"))
+            {
+                return set_directly(event, resolved).map(Output::Event);
+            }
+            edit_attributes(event, |obj| {
                 for (name, v) in resolved {
                     obj.insert(name.clone(), v);
                 }
             })
             .map(Output::Event)
         }
-        Step::RemoveAttributes(names) => edit_attributes(&event, |obj| {
+        Step::RemoveAttributes(names) => edit_attributes(event, |obj| {
             for n in names {
                 obj.remove(n);
             }
         })
         .map(Output::Event),
-        Step::RenameAttributes(pairs) => edit_attributes(&event, |obj| {
+        Step::RenameAttributes(pairs) => edit_attributes(event, |obj| {
             for (from, to) in pairs {
                 if let Some(v) = obj.remove(from) {
                     obj.insert(to.clone(), v);
@@ -498,11 +648,12 @@ fn apply_step(step: &Step, event: Event) -> Result<Output, String> {
             keep,
             remove,
         } => {
-            let doc = structured(&event)?;
-            let mut data = match (keep, doc.get("data")) {
-                (true, Some(Value::Object(m))) => m.clone(),
-                (true, Some(Value::Null) | None) | (false, _) => Map::new(),
-                (true, Some(_)) => {
+            let mut doc = Doc::new(event);
+            let current = if *keep { data_json(event) } else { None };
+            let mut data = match (keep, event.data(), current.as_deref()) {
+                (true, _, Some(Value::Object(m))) => m.clone(),
+                (true, None, _) | (true, _, Some(Value::Null)) | (false, _, _) => Map::new(),
+                (true, Some(_), _) => {
                     return Err("MAP_DATA with keep needs a JSON object as data".into())
                 }
             };
@@ -510,7 +661,7 @@ fn apply_step(step: &Step, event: Event) -> Result<Output, String> {
                 remove_path(&mut data, path);
             }
             for (target, src) in fields {
-                if let Some(v) = src.resolve(&doc)? {
+                if let Some(v) = src.resolve(&mut doc)? {
                     set_path(&mut data, target, v)?;
                 }
             }
@@ -546,6 +697,38 @@ fn attribute_json(name: &str, v: Value) -> Result<Value, String> {
             "attribute `{name}` must be a string, integer or boolean, not {other}"
         )),
     }
+}
+
+/// Sets string attributes and extensions through the SDK, without a JSON round trip.
+fn set_directly(event: &Event, values: Vec<(&String, Value)>) -> Result<Event, String> {
+    let mut e = event.clone();
+    for (name, v) in values {
+        match (name.as_str(), v) {
+            ("id", Value::String(s)) => {
+                e.set_id(s);
+            }
+            ("source", Value::String(s)) => {
+                e.set_source(s);
+            }
+            ("type", Value::String(s)) => {
+                e.set_type(s);
+            }
+            ("subject", Value::String(s)) => {
+                e.set_subject(Some(s));
+            }
+            ("datacontenttype", Value::String(s)) => {
+                e.set_datacontenttype(Some(s));
+            }
+            (ext, Value::String(s)) if !STRING_ATTRIBUTES.contains(&ext) => e.set_extension(ext, s),
+            (ext, Value::Bool(b)) if !STRING_ATTRIBUTES.contains(&ext) => e.set_extension(ext, b),
+            (ext, Value::Number(n)) if !STRING_ATTRIBUTES.contains(&ext) => match n.as_i64() {
+                Some(i) => e.set_extension(ext, i),
+                None => return Err(format!("attribute `{ext}` must be an integer, not {n}")),
+            },
+            (other, v) => return Err(format!("attribute `{other}` cannot hold {v}")),
+        }
+    }
+    Ok(e)
 }
 
 /// Edits the attributes through the structured form; the payload is carried over as is.
@@ -602,4 +785,80 @@ fn remove_path(root: &mut Map<String, Value>, path: &[String]) {
         }
     }
     map.remove(last);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Plain paths resolved directly give exactly what jsonpath-rust gives on the
+    /// structured form.
+    #[test]
+    fn simple_paths_agree_with_jsonpath() {
+        let mut events: Vec<Event> = Vec::new();
+        let base = json!({
+            "specversion": "1.0", "id": "1", "source": "/s", "type": "t", "subject": "sub",
+            "time": "2024-05-01T10:00:00Z", "region": "eu", "n": 5, "flag": true,
+            "datacontenttype": "application/json",
+            "data": {"a": {"b": [1, {"c": "x"}]}, "k-1": null, "s": "str"}
+        });
+        events.push(serde_json::from_value(base.clone()).unwrap());
+        let mut text = base.clone();
+        text["datacontenttype"] = json!("text/plain");
+        text["data"] = json!("plain text");
+        events.push(serde_json::from_value(text).unwrap());
+        let mut no_data = base;
+        no_data.as_object_mut().unwrap().remove("data");
+        events.push(serde_json::from_value(no_data).unwrap());
+        let mut string_json: Event = events[0].clone();
+        string_json.set_data("application/json", "{\"a\": {\"b\": [7]}}".to_string());
+        events.push(string_json);
+
+        let paths = [
+            "$.data",
+            "$.data.a",
+            "$.data.a.b",
+            "$.data.a.b[0]",
+            "$.data.a.b[1].c",
+            "$.data.a.b[5]",
+            "$.data['a']['b']",
+            "$.data['k-1']",
+            "$.data.s",
+            "$.data.s.x",
+            "$.data.nope",
+            "$.type",
+            "$.id",
+            "$.source",
+            "$.subject",
+            "$.time",
+            "$.region",
+            "$.n",
+            "$.flag",
+            "$.missing",
+            "$.type.x",
+            "$.specversion",
+            "$.datacontenttype",
+        ];
+        for ev in &events {
+            let doc = structured(ev).unwrap();
+            for p in paths {
+                let jp = JsonPath::compile(p).unwrap();
+                let simple = jp.simple.as_deref().expect(p);
+                let direct = select_simple(simple, ev).expect(p);
+                assert_eq!(direct, jp.select(&doc).unwrap(), "{p} on {ev}");
+            }
+        }
+        for p in [
+            "$",
+            "$..b",
+            "$.data[*]",
+            "$.data.a.b[-1]",
+            "$.data_base64",
+            "$.data[?@.s]",
+        ] {
+            let jp = JsonPath::compile(p).unwrap();
+            assert!(jp.simple.is_none(), "{p}");
+        }
+    }
 }

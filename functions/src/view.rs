@@ -87,6 +87,16 @@ pub(crate) fn fold(s: &str) -> String {
     s.to_uppercase().to_lowercase()
 }
 
+/// [`fold`] into a reused buffer; allocation-free for ASCII.
+pub(crate) fn fold_into(buf: &mut String, s: &str) {
+    buf.clear();
+    if s.is_ascii() {
+        buf.extend(s.chars().map(|c| c.to_ascii_lowercase()));
+    } else {
+        buf.push_str(&fold(s));
+    }
+}
+
 pub(crate) fn is_json_content_type(ct: &str) -> bool {
     let ct = ct
         .split(';')
@@ -162,7 +172,7 @@ pub(crate) fn with_attribute(event: &Event, attr: &Attr, f: &mut dyn FnMut(Leaf<
         }
         Attr::Time => {
             if let Some(t) = event.time() {
-                f(Leaf::Str(&t.to_rfc3339()))
+                f(Leaf::Str(&time_string(t)))
             }
         }
         Attr::DataContentType => {
@@ -186,34 +196,65 @@ pub(crate) fn with_attribute(event: &Event, attr: &Attr, f: &mut dyn FnMut(Leaf<
     }
 }
 
+/// A timestamp exactly as the structured JSON form writes it (RFC 3339, UTC, `Z`), so
+/// patterns, CESQL and transforms all see the same text.
+pub(crate) fn time_string<T: serde::Serialize>(t: &T) -> String {
+    match serde_json::to_value(t) {
+        Ok(Value::String(s)) => s,
+        _ => String::new(),
+    }
+}
+
 /// String form of an attribute as CloudEvents defines it (used by CESQL).
 pub(crate) fn attribute_value<'a>(event: &'a Event, name: &str) -> Option<AttributeValue<'a>> {
     event.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
 }
 
-/// Calls `f` for every leaf reached by `path` inside `root`. Arrays are transparent at every
-/// level: an array contributes each of its elements. Iterative, so hostile nesting in the
-/// event cannot overflow the stack.
-pub(crate) fn json_leaves<'a>(root: &'a Value, path: &[String], f: &mut dyn FnMut(Leaf<'a>)) {
-    let mut stack: Vec<(&'a Value, usize)> = vec![(root, 0)];
-    while let Some((v, depth)) = stack.pop() {
+/// Where a leaf sits among arrays of objects: one `(array address, element index)` per
+/// array whose object (or array) element was entered on the way down. Two leaves are
+/// compatible when they agree on every array they share, i.e. they do not come from
+/// different elements of the same array (EventBridge's array-consistent matching).
+pub(crate) type Coords = [(usize, usize)];
+
+pub(crate) fn compatible(a: &Coords, b: &Coords) -> bool {
+    a.iter()
+        .all(|(id, i)| b.iter().all(|(id2, j)| id != id2 || i == j))
+}
+
+/// Calls `f` for every leaf reached by `path` inside `root`, with its coordinates. Arrays
+/// are transparent at every level: an array contributes each of its elements. Iterative,
+/// so hostile nesting in the event cannot overflow the stack.
+pub(crate) fn json_leaves<'a>(
+    root: &'a Value,
+    path: &[String],
+    f: &mut dyn FnMut(Leaf<'a>, &Coords),
+) {
+    // (value, depth in `path`, coordinates so far)
+    type Pending<'v> = (&'v Value, usize, Vec<(usize, usize)>);
+    let mut stack: Vec<Pending<'a>> = vec![(root, 0, Vec::new())];
+    while let Some((v, depth, coords)) = stack.pop() {
         match v {
             Value::Array(items) => {
-                for item in items.iter().rev() {
-                    stack.push((item, depth));
+                let id = items as *const Vec<Value> as usize;
+                for (i, item) in items.iter().enumerate().rev() {
+                    let mut c = coords.clone();
+                    if matches!(item, Value::Object(_) | Value::Array(_)) {
+                        c.push((id, i));
+                    }
+                    stack.push((item, depth, c));
                 }
             }
             Value::Object(map) => {
                 if let Some(key) = path.get(depth) {
                     if let Some(child) = map.get(key) {
-                        stack.push((child, depth + 1));
+                        stack.push((child, depth + 1, coords));
                     }
                 }
             }
             scalar => {
                 if depth == path.len() {
                     if let Some(leaf) = Leaf::from_json(scalar) {
-                        f(leaf);
+                        f(leaf, &coords);
                     }
                 }
             }
@@ -221,31 +262,41 @@ pub(crate) fn json_leaves<'a>(root: &'a Value, path: &[String], f: &mut dyn FnMu
     }
 }
 
-/// An event plus its parsed payload, built once per match call.
+/// An event plus its payload, parsed at most once per match call and only when needed.
 pub(crate) struct EventView<'a> {
     pub(crate) event: &'a Event,
-    pub(crate) data: Option<Cow<'a, Value>>,
+    data: std::cell::OnceCell<Option<Cow<'a, Value>>>,
 }
 
 impl<'a> EventView<'a> {
     pub(crate) fn new(event: &'a Event) -> Self {
         EventView {
             event,
-            data: data_json(event),
+            data: std::cell::OnceCell::new(),
         }
     }
 
-    /// All leaves at a full field path (first segment: attribute name or `data`).
-    pub(crate) fn leaves(&self, attr: &Attr, rest: &[String], f: &mut dyn FnMut(Leaf<'_>)) {
+    pub(crate) fn data(&self) -> Option<&Value> {
+        self.data.get_or_init(|| data_json(self.event)).as_deref()
+    }
+
+    /// All leaves at a full field path (first segment: attribute name or `data`), with
+    /// their coordinates (empty for attributes).
+    pub(crate) fn leaves(
+        &self,
+        attr: &Attr,
+        rest: &[String],
+        f: &mut dyn FnMut(Leaf<'_>, &Coords),
+    ) {
         match attr {
             Attr::Data => {
-                if let Some(d) = &self.data {
+                if let Some(d) = self.data() {
                     json_leaves(d, rest, f);
                 }
             }
             other => {
                 if rest.is_empty() {
-                    with_attribute(self.event, other, f);
+                    with_attribute(self.event, other, &mut |leaf| f(leaf, &[]));
                 }
             }
         }

@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 use sluice_functions::{Pattern, RuleIndex};
 
 const STRINGS: &[&str] = &["a", "ab", "abc", "b", "B", "x", "", "10.0.0.1", "Straße"];
-const NUMBERS: &[f64] = &[0.0, 1.0, 2.0, 2.5, -1.0, 300.0];
+const NUMBERS: &[f64] = &[0.0, -0.0, 1.0, 2.0, 2.5, -1.0, 300.0, 1e300];
 
 fn string() -> impl Strategy<Value = String> {
     prop::sample::select(STRINGS).prop_map(str::to_owned)
@@ -16,7 +16,7 @@ fn string() -> impl Strategy<Value = String> {
 
 fn number() -> impl Strategy<Value = Value> {
     prop::sample::select(NUMBERS).prop_map(|n| {
-        if n.fract() == 0.0 && n > -10.0 {
+        if n.fract() == 0.0 && n > -10.0 && n < 1e6 && !(n == 0.0 && n.is_sign_negative()) {
             json!(n as i64)
         } else {
             json!(n)
@@ -69,13 +69,19 @@ const DATA_FIELDS: &[&str] = &["a", "b", "n"];
 fn data_pattern() -> impl Strategy<Value = Value> {
     (
         prop::collection::btree_map(prop::sample::select(DATA_FIELDS), field_value(), 1..3),
-        prop::option::of(field_value()),
+        prop::option::of((field_value(), prop::option::of(field_value()))),
     )
         .prop_map(|(fields, nested)| {
             let mut m: Map<String, Value> =
                 fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-            if let Some(v) = nested {
-                m.insert("c".into(), json!({ "d": v }));
+            match nested {
+                Some((d, Some(e))) => {
+                    m.insert("c".into(), json!({ "d": d, "e": e }));
+                }
+                Some((d, None)) => {
+                    m.insert("c".into(), json!({ "d": d }));
+                }
+                None => {}
             }
             Value::Object(m)
         })
@@ -123,13 +129,33 @@ fn event() -> impl Strategy<Value = Event> {
             Just(json!(true))
         ]),
         prop::collection::btree_map(prop::sample::select(DATA_FIELDS), event_value(), 0..3),
-        prop::option::of(event_value()),
+        prop::collection::vec(
+            (
+                prop::option::of(event_value()),
+                prop::option::of(event_value()),
+            ),
+            0..4,
+        ),
     )
-        .prop_map(|(subject, region, fields, d)| {
+        .prop_map(|(subject, region, fields, elements)| {
             let mut data: Map<String, Value> =
                 fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-            if let Some(d) = d {
-                data.insert("c".into(), json!([{ "d": d }, {"e": 1}]));
+            if !elements.is_empty() {
+                // An array of objects, so conditions on c.d and c.e must agree on the element.
+                let items: Vec<Value> = elements
+                    .into_iter()
+                    .map(|(d, e)| {
+                        let mut o = Map::new();
+                        if let Some(d) = d {
+                            o.insert("d".into(), d);
+                        }
+                        if let Some(e) = e {
+                            o.insert("e".into(), e);
+                        }
+                        Value::Object(o)
+                    })
+                    .collect();
+                data.insert("c".into(), Value::Array(items));
             }
             let mut ev = json!({
                 "specversion": "1.0", "id": "1", "source": "/s", "type": "t",

@@ -743,3 +743,65 @@ fn error_display_is_clear() {
         "invalid pattern at $.data.price[0].numeric[1]: expected a number"
     );
 }
+
+#[test]
+fn arrays_of_objects_match_within_one_element() {
+    let employees = json!({"employees": [
+        {"firstName": "John", "lastName": "Doe"},
+        {"firstName": "Anna", "lastName": "Smith"},
+        {"firstName": "Peter", "lastName": "Jones"}
+    ]});
+    let nested = json!({"employees": [
+        [{"firstName": "John", "lastName": "Doe"}, {"firstName": "Anna", "lastName": "Smith"}],
+        [{"firstName": "Peter", "lastName": "Jones"}]
+    ]});
+    let anna = json!({"data": {"employees": {"firstName": ["Anna"]}}});
+    let anna_smith = json!({"data": {"employees": {"firstName": ["Anna"], "lastName": ["Smith"]}}});
+    let anna_jones = json!({"data": {"employees": {"firstName": ["Anna"], "lastName": ["Jones"]}}});
+    table(&[
+        (anna.clone(), employees.clone(), true),
+        (anna_smith.clone(), employees.clone(), true),
+        (anna_jones.clone(), employees.clone(), false),
+        (anna, nested.clone(), true),
+        (anna_smith, nested.clone(), true),
+        (anna_jones, nested, false),
+        (
+            json!({"data": {"items": {"sku": ["a"], "qty": [2]}}}),
+            json!({"items": [{"sku": "a", "qty": 1}, {"sku": "b", "qty": 2}]}),
+            false,
+        ),
+        (
+            json!({"data": {"items": {"sku": ["a"], "qty": [2]}}}),
+            json!({"items": [{"sku": "b", "qty": 1}, {"sku": "a", "qty": 2}]}),
+            true,
+        ),
+        (
+            json!({"data": {"items": {"sku": [{"anything-but": "a"}], "qty": [1]}}}),
+            json!({"items": [{"sku": "a", "qty": 1}, {"sku": "b", "qty": 2}]}),
+            false,
+        ),
+        (
+            json!({"data": {"items": {"sku": ["a"], "qty": [{"numeric": [">", 1]}]}}}),
+            json!({"items": [{"sku": "a", "qty": [0, 5]}]}),
+            true,
+        ),
+        // A field outside the array combines with any element.
+        (
+            json!({"data": {"c": ["k"], "items": {"sku": ["b"]}}}),
+            json!({"c": "k", "items": [{"sku": "a"}, {"sku": "b"}]}),
+            true,
+        ),
+        // Scalars directly in an array are independent values.
+        (
+            json!({"data": {"tags": ["a"], "$or": [{"tags": ["b"]}, {"x": [1]}]}}),
+            json!({"tags": ["a", "b"]}),
+            true,
+        ),
+        // Different arrays do not constrain each other.
+        (
+            json!({"data": {"a": {"x": [1]}, "b": {"y": [2]}}}),
+            json!({"a": [{"x": 0}, {"x": 1}], "b": [{"y": 2}, {"y": 3}]}),
+            true,
+        ),
+    ]);
+}

@@ -1,18 +1,25 @@
-//! Wires a configuration into a running gateway: stores, ingress, runtime, and the
-//! shutdown order (stop accepting → finish requests → stop tasks → commit → flush).
+//! Wires a configuration into a running gateway: stores, ingress, the worker, and the
+//! shutdown order (stop accepting → finish requests → stop tasks → commit → flush → leave).
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::config::{Config, Mode};
+use tokio::sync::watch;
+
+use crate::config::{Channels, Config, Mode};
 use crate::ingress::{self, IngressState};
-use crate::rules::Matcher;
+use crate::rules::{compile_transform, Filter};
+use crate::runtime::cluster::{Cluster, LocalCluster};
 use crate::runtime::delivery::Delivery;
-use crate::runtime::{Runtime, Subscription};
+use crate::runtime::{Plan, Subscription, Worker, WorkerOptions};
 use crate::sources::Sources;
-use crate::store::embedded::{DataDir, EmbeddedLog, LogOptions};
+use crate::store::embedded::{DataDir, LogOptions};
+use crate::store::redis::{ClusterOptions, Redis, RedisCluster, RedisLog, RedisPositions};
 use crate::store::{BusLog, PositionStore, StoreError};
 use crate::targets;
 
@@ -26,101 +33,357 @@ pub enum StartError {
         target: String,
         message: String,
     },
-    #[error("rule `{rule}`: pattern {message}")]
+    #[error("rule `{rule}`: {message}")]
     Pattern { rule: String, message: String },
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("cluster configuration: {0}")]
+    Config(String),
 }
 
 /// Runs the gateway until `shutdown` resolves, then shuts down in order.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
-    let Mode::Standalone = config.mode;
-    let data = DataDir::open(&config.data_dir)?;
-    let options = LogOptions {
-        durability: config.durability,
-        segment_bytes: config.store.segment_bytes,
-        cache_bytes: config.store.cache_bytes,
-    };
-    let mut embedded: Vec<Arc<EmbeddedLog>> = Vec::new();
-    let mut logs: HashMap<String, Arc<dyn BusLog>> = HashMap::new();
-    for bus in &config.buses {
-        let log = Arc::new(data.open_bus(bus.name.get_ref(), bus.shards, &options)?);
-        embedded.push(log.clone());
-        logs.insert(bus.name.get_ref().clone(), log);
-    }
-    let positions: Arc<dyn PositionStore> = Arc::new(data.open_positions()?);
-
-    let resources = targets::Resources {
-        buses: logs.clone(),
-    };
-    let mut subscriptions = Vec::new();
-    for rule in &config.rules {
-        let rule_name = rule.name.get_ref();
-        let matcher = match &rule.pattern {
-            Some(p) => Matcher::compile(p.get_ref()).map_err(|message| StartError::Pattern {
-                rule: rule_name.clone(),
-                message,
-            })?,
-            None => Matcher::default(),
-        };
-        let matcher = Arc::new(matcher);
-        for target in &rule.targets {
-            let target_name = target.name();
-            let failed = |e: targets::TargetError| StartError::Target {
-                rule: rule_name.clone(),
-                target: target_name.to_string(),
-                message: e.message,
-            };
-            let id = format!("{}/{}/{}", rule.bus.get_ref(), rule_name, target_name);
-            let built = targets::build(&config, target, &resources).map_err(failed)?;
-            let delivery = Delivery::new(&config, rule_name, &id, target, built, &resources)
-                .map_err(failed)?;
-            subscriptions.push(Subscription {
-                id,
-                bus: rule.bus.get_ref().clone(),
-                matcher: matcher.clone(),
-                delivery: Arc::new(delivery),
-            });
+    let (stop_tx, stop) = watch::channel(false);
+    let main = run_until(config, stop);
+    tokio::pin!(main);
+    tokio::select! {
+        result = &mut main => return result,
+        () = shutdown => {
+            let _ = stop_tx.send(true);
         }
     }
+    main.await
+}
 
+async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<(), StartError> {
+    let data = DataDir::open(&config.data_dir)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| StartError::Listen {
             addr: config.listen,
             source,
         })?;
-    let runtime = Runtime::start(
-        subscriptions,
-        &logs,
-        positions.clone(),
-        config.delivery.clone(),
-    )
-    .await?;
-    let sources = Sources::start(&config.sources, &logs, positions.clone());
-    let router = ingress::router(Arc::new(IngressState {
-        buses: logs,
-        limits: config.limits.clone(),
-    }));
+    let wait_stop = {
+        let mut stop = stop.clone();
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        }
+    };
+    match config.mode {
+        Mode::Standalone => {
+            let options = LogOptions {
+                durability: config.durability,
+                segment_bytes: config.store.segment_bytes,
+                cache_bytes: config.store.cache_bytes,
+            };
+            let mut embedded = Vec::new();
+            let mut logs: HashMap<String, Arc<dyn BusLog>> = HashMap::new();
+            for bus in &config.buses {
+                let log = Arc::new(data.open_bus(bus.name.get_ref(), bus.shards, &options)?);
+                embedded.push(log.clone());
+                logs.insert(bus.name.get_ref().clone(), log);
+            }
+            let positions: Arc<dyn PositionStore> = Arc::new(data.open_positions()?);
+            let id = worker_id(&config, data.path())?;
+            let cluster: Arc<dyn Cluster> = Arc::new(LocalCluster::new(&id));
+            let plan = Arc::new(build_plan(&config, &config.channels(), 1, logs)?);
+            plan.init_positions(positions.as_ref()).await?;
+            let worker = Worker::start(
+                cluster.clone(),
+                positions.clone(),
+                plan.clone(),
+                worker_options(&config),
+            );
+            let sources = Sources::start(&config.sources, &plan.logs, positions);
+            let state = Arc::new(IngressState::new(
+                plan.logs.clone(),
+                config.limits.clone(),
+                cluster,
+            ));
+            announce(&config, &listener, data.path(), &id);
+            crate::server::serve(listener, ingress::router(state), &config.limits, wait_stop).await;
+            tracing::info!("ingress stopped; finishing deliveries");
+            sources.shutdown().await;
+            worker.shutdown().await;
+            for log in &embedded {
+                log.close().await;
+            }
+        }
+        Mode::Distributed => {
+            if !config.sources.is_empty() {
+                tracing::warn!(
+                    "source connectors run in standalone mode only for now: [[sources]] ignored"
+                );
+            }
+            let url = config.redis_url.clone().ok_or_else(|| {
+                StartError::Config("distributed mode needs redis_url".to_string())
+            })?;
+            let id = worker_id(&config, data.path())?;
+            let redis =
+                Redis::connect(&url, &config.redis_prefix, config.cluster.redis_timeout).await?;
+            let cluster = RedisCluster::join(
+                redis.clone(),
+                &id,
+                ClusterOptions {
+                    heartbeat: config.cluster.heartbeat_interval,
+                    member_ttl: config.cluster.member_ttl,
+                    lease_ttl: config.cluster.lease_ttl,
+                },
+            );
+            let positions: Arc<dyn PositionStore> =
+                Arc::new(RedisPositions::new(redis.clone(), &id));
+            // The configuration is shared: publish ours (a no-op when it is already there)
+            // and run what the cluster holds. Wait for Redis if it is not up yet.
+            let (version, plan) = loop {
+                match sync_config(&config, &cluster, &redis, positions.as_ref(), true).await {
+                    Ok(Some(found)) => break found,
+                    Ok(None) | Err(StartError::Store(_)) => {
+                        tracing::warn!("waiting for the cluster store to hold the configuration");
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                            _ = stop.wait_for(|s| *s) => {
+                                cluster.leave().await;
+                                return Ok(());
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        cluster.leave().await;
+                        return Err(e);
+                    }
+                }
+            };
+            let shared: Arc<dyn Cluster> = cluster.clone();
+            let worker = Worker::start(
+                shared.clone(),
+                positions.clone(),
+                plan.clone(),
+                worker_options(&config),
+            );
+            let state = Arc::new(IngressState::new(
+                plan.logs.clone(),
+                config.limits.clone(),
+                shared,
+            ));
+            tokio::spawn(follow_config(
+                config.clone(),
+                cluster.clone(),
+                redis.clone(),
+                positions.clone(),
+                version,
+                state.clone(),
+                worker.plan_sender(),
+                stop.clone(),
+            ));
+            announce(&config, &listener, data.path(), &id);
+            crate::server::serve(listener, ingress::router(state), &config.limits, wait_stop).await;
+            tracing::info!("ingress stopped; finishing deliveries");
+            worker.shutdown().await;
+        }
+    }
+    tracing::info!("shutdown complete");
+    Ok(())
+}
+
+fn announce(config: &Config, listener: &tokio::net::TcpListener, data_dir: &Path, id: &str) {
     tracing::info!(
         listen = %listener.local_addr().map_or(config.listen, |a| a),
-        data_dir = %data.path().display(),
+        data_dir = %data_dir.display(),
+        mode = ?config.mode,
+        worker = id,
         durability = %config.durability,
         buses = config.buses.len(),
         rules = config.rules.len(),
         "sluice is ready"
     );
+}
 
-    crate::server::serve(listener, router, &config.limits, shutdown).await;
-    tracing::info!("ingress stopped; finishing deliveries");
-    sources.shutdown().await;
-    runtime.shutdown(positions.as_ref()).await;
-    for log in &embedded {
-        log.close().await;
+fn worker_options(config: &Config) -> WorkerOptions {
+    WorkerOptions {
+        delivery: config.delivery.clone(),
+        strategy: config.cluster.strategy,
+        tick: config.cluster.rebalance_interval,
     }
-    tracing::info!("shutdown complete");
-    Ok(())
+}
+
+/// The configured worker id, or the one kept in the data directory (made on first start).
+fn worker_id(config: &Config, data_dir: &Path) -> Result<String, StoreError> {
+    if let Some(id) = &config.worker_id {
+        return Ok(id.clone());
+    }
+    let path = data_dir.join("worker-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(StoreError::io("cannot read worker-id", &e)),
+    }
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| crate::config::check_name(h).is_ok())
+        .unwrap_or_else(|| "worker".to_string());
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let id = format!("{host}-{:08x}", random as u32);
+    std::fs::write(&path, &id).map_err(|e| StoreError::io("cannot write worker-id", &e))?;
+    Ok(id)
+}
+
+/// Turns buses and rules into what the worker runs: logs and subscriptions.
+fn build_plan(
+    config: &Config,
+    channels: &Channels,
+    version: u64,
+    logs: HashMap<String, Arc<dyn BusLog>>,
+) -> Result<Plan, StartError> {
+    let resources = targets::Resources {
+        buses: logs.clone(),
+    };
+    let mut subscriptions = Vec::new();
+    for rule in &channels.rules {
+        let rule_name = rule.name.get_ref();
+        let filter = Filter::compile(
+            rule.pattern.as_ref().map(|p| p.get_ref()),
+            rule.filter.as_ref().map(|f| f.get_ref().as_str()),
+        )
+        .map_err(|message| StartError::Pattern {
+            rule: rule_name.clone(),
+            message,
+        })?;
+        let filter = Arc::new(filter);
+        for target in &rule.targets {
+            let target_name = target.name();
+            let failed = |message: String| StartError::Target {
+                rule: rule_name.clone(),
+                target: target_name.to_string(),
+                message,
+            };
+            let id = format!("{}/{}/{}", rule.bus.get_ref(), rule_name, target_name);
+            let built =
+                targets::build(config, target, &resources).map_err(|e| failed(e.message))?;
+            let delivery = Delivery::new(config, rule_name, &id, target, built.clone(), &resources)
+                .map_err(|e| failed(e.message))?;
+            let transform = target
+                .transform()
+                .map(compile_transform)
+                .transpose()
+                .map_err(failed)?;
+            subscriptions.push(Arc::new(Subscription {
+                id,
+                bus: rule.bus.get_ref().clone(),
+                filter: filter.clone(),
+                transform,
+                target: built,
+                delivery: Arc::new(delivery),
+            }));
+        }
+    }
+    Ok(Plan {
+        version,
+        subscriptions,
+        logs,
+    })
+}
+
+/// Reads the cluster's configuration (after publishing ours when `publish`) and builds its
+/// plan. `Ok(None)` when there is none stored yet.
+async fn sync_config(
+    config: &Config,
+    cluster: &RedisCluster,
+    redis: &Redis,
+    positions: &dyn PositionStore,
+    publish: bool,
+) -> Result<Option<(u64, Arc<Plan>)>, StartError> {
+    if publish {
+        let ours = config.channels();
+        if let Some((_, stored)) = cluster.load_config().await? {
+            let stored = Channels::from_toml(&stored).map_err(StartError::Config)?;
+            for bus in &ours.buses {
+                if let Some(old) = stored
+                    .buses
+                    .iter()
+                    .find(|b| b.name.get_ref() == bus.name.get_ref())
+                {
+                    if old.shards != bus.shards {
+                        return Err(StartError::Config(format!(
+                            "bus `{}` has {} shards in the cluster and {} in this configuration; \
+                             changing the shard count of a bus is not supported",
+                            bus.name.get_ref(),
+                            old.shards,
+                            bus.shards
+                        )));
+                    }
+                }
+            }
+        }
+        let text = ours.to_toml().map_err(StartError::Config)?;
+        let version = cluster.apply_config(&text).await?;
+        tracing::info!(version, "configuration published to the cluster");
+    }
+    let Some((version, text)) = cluster.load_config().await? else {
+        return Ok(None);
+    };
+    let channels = Channels::from_toml(&text).map_err(StartError::Config)?;
+    let mut logs: HashMap<String, Arc<dyn BusLog>> = HashMap::new();
+    for bus in &channels.buses {
+        logs.insert(
+            bus.name.get_ref().clone(),
+            Arc::new(RedisLog::new(
+                redis.clone(),
+                bus.name.get_ref(),
+                bus.shards,
+                config.cluster.poll_interval,
+            )),
+        );
+    }
+    let plan = build_plan(config, &channels, version, logs)?;
+    plan.init_positions(positions).await?;
+    Ok(Some((version, Arc::new(plan))))
+}
+
+/// Full resync whenever the cluster's configuration version moves past ours (on every
+/// notice and on the rebalance tick, since notices can be lost).
+#[allow(clippy::too_many_arguments)]
+async fn follow_config(
+    config: Config,
+    cluster: Arc<RedisCluster>,
+    redis: Redis,
+    positions: Arc<dyn PositionStore>,
+    mut version: u64,
+    ingress: Arc<IngressState>,
+    plans: Arc<watch::Sender<Arc<Plan>>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut notices = cluster.notices();
+    let mut tick = tokio::time::interval(config.cluster.rebalance_interval);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = notices.changed() => {}
+            _ = stop.changed() => return,
+        }
+        let current = match cluster.config_version().await {
+            Ok(v) => v,
+            Err(_) => continue,
+        };
+        if current <= version {
+            continue;
+        }
+        match sync_config(&config, &cluster, &redis, positions.as_ref(), false).await {
+            Ok(Some((v, plan))) => {
+                tracing::info!(from = version, to = v, "configuration changed; resynced");
+                version = v;
+                ingress.set_buses(plan.logs.clone());
+                plans.send_replace(plan);
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "cannot apply the cluster's new configuration"),
+        }
+    }
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 use toml::Spanned;
 
 /// Errors found while loading or checking a configuration.
@@ -50,6 +50,17 @@ pub struct Config {
     pub log_format: LogFormat,
     #[serde(default)]
     pub mode: Mode,
+    /// Redis of the cluster (distributed mode), e.g. `redis://127.0.0.1:6379/0`.
+    #[serde(default)]
+    pub redis_url: Option<String>,
+    /// Prefix of every Redis key, so several clusters can share one Redis.
+    #[serde(default = "defaults::redis_prefix")]
+    pub redis_prefix: String,
+    /// This worker's stable id; by default generated once and kept in the data directory.
+    #[serde(default)]
+    pub worker_id: Option<String>,
+    #[serde(default)]
+    pub cluster: ClusterConfig,
     #[serde(default)]
     pub durability: Durability,
     #[serde(default)]
@@ -73,6 +84,48 @@ pub enum Mode {
     /// One process, embedded on-disk store, no external services.
     #[default]
     Standalone,
+    /// Any number of replicas sharing one Redis: bus logs, positions, leases, membership,
+    /// status and configuration live there.
+    Distributed,
+}
+
+/// Timing of the distributed runtime.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// How often a worker announces it is alive.
+    #[serde(deserialize_with = "duration")]
+    pub heartbeat_interval: Duration,
+    /// A worker silent for this long is gone and its tasks move.
+    #[serde(deserialize_with = "duration")]
+    pub member_ttl: Duration,
+    /// A task lease lapses this long after its last renewal.
+    #[serde(deserialize_with = "duration")]
+    pub lease_ttl: Duration,
+    /// The rebalance tick (besides every change notice).
+    #[serde(deserialize_with = "duration")]
+    pub rebalance_interval: Duration,
+    pub strategy: crate::runtime::rebalance::Strategy,
+    /// Timeout of every Redis call.
+    #[serde(deserialize_with = "duration")]
+    pub redis_timeout: Duration,
+    /// How often an idle task looks for events appended by other workers.
+    #[serde(deserialize_with = "duration")]
+    pub poll_interval: Duration,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            heartbeat_interval: Duration::from_millis(500),
+            member_ttl: Duration::from_millis(1500),
+            lease_ttl: Duration::from_millis(1500),
+            rebalance_interval: Duration::from_secs(1),
+            strategy: crate::runtime::rebalance::Strategy::default(),
+            redis_timeout: Duration::from_secs(2),
+            poll_interval: Duration::from_millis(100),
+        }
+    }
 }
 
 /// When an accepted event counts as stored.
@@ -174,7 +227,7 @@ impl Default for DeliveryConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BusConfig {
     pub name: Spanned<String>,
@@ -183,20 +236,23 @@ pub struct BusConfig {
     pub shards: u32,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleConfig {
     pub name: Spanned<String>,
     pub bus: Spanned<String>,
-    /// Event pattern: attribute name to a value or a list of accepted values. Absent or empty
-    /// matches every event.
-    #[serde(default)]
+    /// Event pattern (EventBridge pattern language; see functions/README.md). Absent or
+    /// empty matches every event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pattern: Option<Spanned<toml::Table>>,
+    /// CESQL filter expression, instead of a pattern.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<Spanned<String>>,
     pub targets: Vec<TargetConfig>,
 }
 
 /// Where a rule sends the events it matched.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum TargetConfig {
     /// Writes each event as one JSON line to standard output.
@@ -228,6 +284,19 @@ impl TargetConfig {
         }
     }
 
+    /// The transform chain applied to events before this target (a step or a list).
+    pub fn transform(&self) -> Option<&toml::Value> {
+        match self {
+            TargetConfig::Log(t) => t.transform.as_ref(),
+            TargetConfig::File(t) => t.transform.as_ref(),
+            TargetConfig::Rocketmq(t) => t.transform.as_ref(),
+            TargetConfig::Http(t) => t.transform.as_ref(),
+            TargetConfig::RedisStream(t) => t.transform.as_ref(),
+            TargetConfig::Bus(t) => t.transform.as_ref(),
+            TargetConfig::Function(t) => t.transform.as_ref(),
+        }
+    }
+
     /// The target's retry policy and dead-letter destination (defaults for targets without).
     pub fn delivery(&self) -> (RetryConfig, Option<&DeadLetterConfig>) {
         let (retry, dead_letter) = match self {
@@ -244,18 +313,22 @@ impl TargetConfig {
 
 pub use crate::runtime::delivery::{DeadLetterConfig, RetryConfig};
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogTargetConfig {
     pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<toml::Value>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileTargetConfig {
     pub name: String,
     /// The file; `{data_dir}` is replaced by the data directory.
     pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<toml::Value>,
 }
 
 mod defaults {
@@ -273,6 +346,9 @@ mod defaults {
     }
     pub(super) fn shards() -> u32 {
         4
+    }
+    pub(super) fn redis_prefix() -> String {
+        "sluice".to_string()
     }
 }
 
@@ -341,10 +417,31 @@ impl FromStr for Mode {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "standalone" => Ok(Mode::Standalone),
+            "distributed" => Ok(Mode::Distributed),
             other => Err(format!(
-                "unknown mode `{other}`: this build supports `standalone`"
+                "unknown mode `{other}` (standalone or distributed)"
             )),
         }
+    }
+}
+
+/// The buses and rules of a configuration: what the cluster shares and versions.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Channels {
+    #[serde(default)]
+    pub buses: Vec<BusConfig>,
+    #[serde(default)]
+    pub rules: Vec<RuleConfig>,
+}
+
+impl Channels {
+    pub fn to_toml(&self) -> Result<String, String> {
+        toml::to_string(self).map_err(|e| e.to_string())
+    }
+
+    pub fn from_toml(text: &str) -> Result<Channels, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
     }
 }
 
@@ -417,6 +514,9 @@ impl Config {
                 "log_format" => self.log_format = value.parse().map_err(bad)?,
                 "mode" => self.mode = value.parse().map_err(bad)?,
                 "durability" => self.durability = value.parse().map_err(bad)?,
+                "redis_url" => self.redis_url = Some(value),
+                "redis_prefix" => self.redis_prefix = value,
+                "worker_id" => self.worker_id = Some(value),
                 // Read by the CLI itself, not a configuration key.
                 "config" => {}
                 _ => unknown.push(var.clone()),
@@ -433,6 +533,29 @@ impl Config {
             line: line_of(text, span.start),
             message,
         };
+        if self.mode == Mode::Distributed && self.redis_url.is_none() {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                line: find_line(text, "mode"),
+                message: "mode = \"distributed\" needs `redis_url` (or SLUICE_REDIS_URL)"
+                    .to_string(),
+            });
+        }
+        if let Some(id) = &self.worker_id {
+            check_name(id).map_err(|m| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                line: find_line(text, "worker_id"),
+                message: format!("worker_id: {m}"),
+            })?;
+        }
+        let c = &self.cluster;
+        if c.member_ttl <= c.heartbeat_interval || c.lease_ttl <= c.heartbeat_interval {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                line: find_line(text, "[cluster]"),
+                message: "cluster.member_ttl and cluster.lease_ttl must be longer than cluster.heartbeat_interval".to_string(),
+            });
+        }
         let mut buses = HashSet::new();
         for bus in &self.buses {
             check_name(bus.name.get_ref())
@@ -477,14 +600,17 @@ impl Config {
                     ),
                 ));
             }
-            if let Some(pattern) = &rule.pattern {
-                crate::rules::Matcher::compile(pattern.get_ref()).map_err(|m| {
-                    invalid(
-                        pattern.span(),
-                        format!("rule `{}`: pattern {m}", rule.name.get_ref()),
-                    )
-                })?;
-            }
+            let at = rule
+                .pattern
+                .as_ref()
+                .map(Spanned::span)
+                .or_else(|| rule.filter.as_ref().map(Spanned::span))
+                .unwrap_or_else(|| rule.name.span());
+            crate::rules::Filter::compile(
+                rule.pattern.as_ref().map(Spanned::get_ref),
+                rule.filter.as_ref().map(|f| f.get_ref().as_str()),
+            )
+            .map_err(|m| invalid(at, format!("rule `{}`: {m}", rule.name.get_ref())))?;
             if rule.targets.is_empty() {
                 return Err(invalid(
                     rule.name.span(),
@@ -510,6 +636,14 @@ impl Config {
                             rule.name.get_ref()
                         ),
                     ));
+                }
+                if let Some(spec) = target.transform() {
+                    crate::rules::compile_transform(spec).map_err(|m| {
+                        invalid(
+                            at.clone(),
+                            format!("rule `{}`, target `{name}`: {m}", rule.name.get_ref()),
+                        )
+                    })?;
                 }
                 if let TargetConfig::File(file) = target {
                     if file.path.trim().is_empty() {
@@ -579,6 +713,13 @@ impl Config {
             });
         }
         Ok(())
+    }
+
+    pub fn channels(&self) -> Channels {
+        Channels {
+            buses: self.buses.clone(),
+            rules: self.rules.clone(),
+        }
     }
 
     /// Resolves `{data_dir}` in a path taken from the configuration.
@@ -689,6 +830,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("SLUICE_LISTEN"), "{err}");
+    }
+
+    #[test]
+    fn channels_round_trip_through_toml() {
+        let text = "[[buses]]\nname = \"b\"\nshards = 2\n[[rules]]\nname = \"r\"\nbus = \"b\"\npattern = { type = [\"x\", \"y\"] }\n[[rules.targets]]\ntype = \"file\"\nname = \"f\"\npath = \"{data_dir}/out.jsonl\"\n";
+        let c = parse(text).unwrap();
+        let stored = c.channels().to_toml().unwrap();
+        let back = Channels::from_toml(&stored).unwrap();
+        assert_eq!(back.to_toml().unwrap(), stored);
+        assert_eq!(back.buses[0].shards, 2);
+        assert_eq!(back.rules[0].targets[0].name(), "f");
+    }
+
+    #[test]
+    fn distributed_mode_needs_redis() {
+        let err = parse("mode = \"distributed\"\n").unwrap_err().to_string();
+        assert!(err.contains("redis_url"), "{err}");
+        assert!(parse("mode = \"distributed\"\nredis_url = \"redis://127.0.0.1/\"\n[cluster]\nstrategy = \"consistent-hash\"\n").is_ok());
     }
 
     #[test]

@@ -7,6 +7,7 @@
 // The RocketMQ client's futures are deep: the async bodies that hold them need a higher limit.
 #![recursion_limit = "512"]
 
+pub mod admin;
 pub mod app;
 pub mod config;
 pub mod ingress;

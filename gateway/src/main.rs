@@ -1,13 +1,18 @@
 //! The `sluice` command line.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use sluice::config::{Config, LogFormat};
 use tracing_subscriber::EnvFilter;
+
+// Request handling allocates many small short-lived buffers across threads; mimalloc's
+// thread-local free lists cost far less there than glibc's arenas (measured with perf).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "A CloudEvents HTTP gateway")]
@@ -35,10 +40,87 @@ enum Command {
         /// The configuration file (TOML).
         file: PathBuf,
     },
+    /// Rules, tried without a running gateway.
+    Rule {
+        #[command(subcommand)]
+        command: RuleCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum RuleCommand {
+    /// Match one event against a pattern or a CESQL filter, and transform it if it matches.
+    /// Prints `{"matched": true|false, "output": ...}`; exits 2 on a bad input.
+    Test {
+        /// A structured-mode CloudEvent (JSON file).
+        #[arg(long)]
+        event: PathBuf,
+        /// An event pattern (JSON file).
+        #[arg(long, required_unless_present = "filter", conflicts_with = "filter")]
+        pattern: Option<PathBuf>,
+        /// A CESQL filter expression.
+        #[arg(long)]
+        filter: Option<String>,
+        /// A transform step or chain (JSON file).
+        #[arg(long)]
+        transform: Option<PathBuf>,
+    },
+}
+
+/// `sluice rule test`: the JSON answer, or the error for stderr.
+fn rule_test(
+    event: &Path,
+    pattern: Option<&Path>,
+    filter: Option<&str>,
+    transform: Option<&Path>,
+) -> Result<serde_json::Value, String> {
+    let read = |what: &str, path: &Path| {
+        std::fs::read(path).map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))
+    };
+    let json = |what: &str, path: &Path| -> Result<serde_json::Value, String> {
+        serde_json::from_slice(&read(what, path)?)
+            .map_err(|e| format!("the {what} {} is not JSON: {e}", path.display()))
+    };
+    let event = read("event", event)?;
+    let pattern = pattern.map(|p| json("pattern", p)).transpose()?;
+    let transform = transform.map(|t| json("transform", t)).transpose()?;
+    let condition = match (&pattern, filter) {
+        (Some(p), _) => sluice_functions::Condition::Pattern(p),
+        (None, Some(f)) => sluice_functions::Condition::Filter(f),
+        (None, None) => return Err("give --pattern or --filter".to_string()),
+    };
+    sluice_functions::test_rule(&event, condition, transform.as_ref()).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    if let Command::Rule {
+        command:
+            RuleCommand::Test {
+                event,
+                pattern,
+                filter,
+                transform,
+            },
+    } = &cli.command
+    {
+        return match rule_test(
+            event,
+            pattern.as_deref(),
+            filter.as_deref(),
+            transform.as_deref(),
+        ) {
+            Ok(answer) => {
+                println!("{answer}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sluice rule test: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sluice: {e:#}");
@@ -49,6 +131,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Rule { .. } => Ok(()),
         Command::CheckConfig { file } => {
             let config = Config::load(&file)?;
             println!(

@@ -1,128 +1,132 @@
-//! A rule's filter. This first version matches attributes exactly: each key of the pattern
-//! names an attribute (or extension) and gives the value, or a list of values, it must have.
-//! An absent or empty pattern matches every event. The shape is the EventBridge pattern
-//! shape, so the full pattern language of the functions crate accepts the same documents.
+//! A rule's condition and a target's transform chain, compiled from the configuration with
+//! the functions crate: EventBridge patterns (`pattern`), CESQL filters (`filter`), and
+//! transform chains (`transform` on a target).
 
-use cloudevents::event::ExtensionValue;
-use cloudevents::{AttributesReader, Event};
+use cloudevents::Event;
 use serde_json::Value;
+use sluice_functions::{CesqlFilter, Pattern, TransformChain};
 
+/// Which events a rule takes.
 #[derive(Debug, Clone, Default)]
-pub struct Matcher {
-    /// (attribute, accepted values); every attribute must match.
-    fields: Vec<(String, Vec<String>)>,
+pub enum Filter {
+    /// No condition, or the empty pattern: every event.
+    #[default]
+    All,
+    Pattern(Pattern),
+    Cesql(CesqlFilter),
 }
 
-impl Matcher {
-    pub fn compile(pattern: &toml::Table) -> Result<Matcher, String> {
-        let json = serde_json::to_value(pattern).map_err(|e| e.to_string())?;
-        Matcher::from_json(&json)
-    }
-
-    pub fn from_json(pattern: &Value) -> Result<Matcher, String> {
-        let Value::Object(map) = pattern else {
-            return Err("must be a table of attribute names to values".to_string());
-        };
-        let mut fields = Vec::with_capacity(map.len());
-        for (name, value) in map {
-            if name == "data" {
-                return Err(format!(
-                    "at `{name}`: matching on data needs the full pattern language; this filter matches attributes"
-                ));
+impl Filter {
+    /// From the rule's `pattern` (a TOML table) or `filter` (CESQL); at most one of them.
+    pub fn compile(pattern: Option<&toml::Table>, filter: Option<&str>) -> Result<Filter, String> {
+        match (pattern, filter) {
+            (Some(_), Some(_)) => Err("give a `pattern` or a `filter`, not both".to_string()),
+            (Some(table), None) => {
+                let json = serde_json::to_value(table).map_err(|e| e.to_string())?;
+                let pattern = Pattern::compile(&json).map_err(|e| format!("pattern: {e}"))?;
+                Ok(if pattern.is_match_all() {
+                    Filter::All
+                } else {
+                    Filter::Pattern(pattern)
+                })
             }
-            let scalar = |v: &Value| match v {
-                Value::String(s) => Ok(s.clone()),
-                Value::Number(n) => Ok(n.to_string()),
-                Value::Bool(b) => Ok(b.to_string()),
-                _ => Err(format!(
-                    "at `{name}`: expected a string, number or boolean, or a list of them"
-                )),
-            };
-            let values = match value {
-                Value::Array(items) if items.is_empty() => {
-                    return Err(format!("at `{name}`: an empty list matches nothing"))
-                }
-                Value::Array(items) => items.iter().map(scalar).collect::<Result<_, _>>()?,
-                other => vec![scalar(other)?],
-            };
-            fields.push((name.clone(), values));
+            (None, Some(sql)) => CesqlFilter::parse(sql)
+                .map(Filter::Cesql)
+                .map_err(|e| format!("filter: {e}")),
+            (None, None) => Ok(Filter::All),
         }
-        Ok(Matcher { fields })
     }
 
-    /// True when the pattern is empty: events need not even be decoded.
+    /// True when every event matches: events need not even be decoded.
     pub fn matches_everything(&self) -> bool {
-        self.fields.is_empty()
+        matches!(self, Filter::All)
     }
 
     pub fn matches(&self, event: &Event) -> bool {
-        self.fields.iter().all(|(name, accepted)| {
-            attribute(event, name).is_some_and(|v| accepted.iter().any(|a| *a == v))
-        })
+        match self {
+            Filter::All => true,
+            Filter::Pattern(p) => p.matches(event),
+            Filter::Cesql(f) => f.matches(event),
+        }
     }
 }
 
-/// An attribute or extension of an event as text, the way binary mode would carry it.
-pub fn attribute(event: &Event, name: &str) -> Option<String> {
-    Some(match name {
-        "id" => event.id().to_string(),
-        "source" => event.source().to_string(),
-        "type" => event.ty().to_string(),
-        "specversion" => event.specversion().to_string(),
-        "subject" => event.subject()?.to_string(),
-        "datacontenttype" => event.datacontenttype()?.to_string(),
-        "dataschema" => event.dataschema()?.to_string(),
-        "time" => event.time()?.to_rfc3339(),
-        _ => match event.extension(name)? {
-            ExtensionValue::String(s) => s.clone(),
-            other => other.to_string(),
-        },
-    })
+/// A target's `transform` (a TOML table or array of tables) as a chain.
+pub fn compile_transform(spec: &toml::Value) -> Result<TransformChain, String> {
+    let json: Value = serde_json::to_value(spec).map_err(|e| e.to_string())?;
+    TransformChain::compile(&json).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cloudevents::EventBuilder;
+    use cloudevents::{EventBuilder, EventBuilderV10};
 
     fn event() -> Event {
-        cloudevents::EventBuilderV10::new()
+        EventBuilderV10::new()
             .id("1")
             .source("/shop")
             .ty("order.created")
             .extension("region", "eu")
-            .extension("priority", 3i64)
+            .data(
+                "application/json",
+                serde_json::json!({"total": 120, "items": ["a", "b"]}),
+            )
             .build()
             .unwrap()
     }
 
-    fn compile(text: &str) -> Result<Matcher, String> {
-        Matcher::compile(&text.parse::<toml::Table>().unwrap())
+    fn pattern(text: &str) -> Result<Filter, String> {
+        Filter::compile(Some(&text.parse::<toml::Table>().unwrap()), None)
     }
 
     #[test]
-    fn exact_values_and_lists() {
+    fn patterns_from_toml_use_the_full_language() {
         let e = event();
-        assert!(compile("").unwrap().matches(&e));
-        assert!(compile("type = \"order.created\"").unwrap().matches(&e));
+        assert!(pattern("").unwrap().matches_everything());
+        assert!(pattern("type = \"order.created\"").unwrap().matches(&e));
         assert!(
-            compile("type = [\"a\", \"order.created\"]\nregion = \"eu\"")
+            pattern("source = [{ prefix = \"/sh\" }]\nregion = [\"eu\", \"us\"]")
                 .unwrap()
                 .matches(&e)
         );
-        assert!(compile("priority = 3").unwrap().matches(&e));
-        assert!(!compile("type = \"order.created\"\nregion = \"us\"")
+        assert!(pattern("data = { total = [{ numeric = [\">\", 100] }] }")
             .unwrap()
             .matches(&e));
-        assert!(!compile("subject = \"x\"").unwrap().matches(&e));
+        assert!(!pattern("data = { total = [{ numeric = [\"<\", 100] }] }")
+            .unwrap()
+            .matches(&e));
+        assert!(pattern("data = { items = [\"b\"] }").unwrap().matches(&e));
     }
 
     #[test]
-    fn bad_patterns_say_where() {
-        assert!(compile("type = []").unwrap_err().contains("`type`"));
-        assert!(compile("type = { prefix = \"a\" }")
-            .unwrap_err()
-            .contains("`type`"));
-        assert!(compile("data = 1").unwrap_err().contains("`data`"));
+    fn cesql_filters_and_errors() {
+        let e = event();
+        assert!(
+            Filter::compile(None, Some("region = 'eu' AND type LIKE 'order.%'"))
+                .unwrap()
+                .matches(&e)
+        );
+        assert!(!Filter::compile(None, Some("region = 'us'"))
+            .unwrap()
+            .matches(&e));
+        let err = Filter::compile(None, Some("region = ")).unwrap_err();
+        assert!(err.contains("position"), "{err}");
+        let err = pattern("type = [{ numeric = \"x\" }]").unwrap_err();
+        assert!(err.contains("$.type"), "{err}");
+        let both = Filter::compile(Some(&toml::Table::new()), Some("true")).unwrap_err();
+        assert!(both.contains("not both"));
+    }
+
+    #[test]
+    fn transforms_compile_from_toml() {
+        let spec: toml::Value =
+            toml::from_str::<toml::Table>("t = { form = \"JSONPATH\", value = \"$.data.total\" }")
+                .unwrap()["t"]
+                .clone();
+        assert!(compile_transform(&spec).is_ok());
+        let bad: toml::Value =
+            toml::from_str::<toml::Table>("t = { form = \"NOPE\" }").unwrap()["t"].clone();
+        assert!(compile_transform(&bad).is_err());
     }
 }

@@ -22,12 +22,12 @@ pub fn sluice_bin() -> PathBuf {
         return PathBuf::from(bin);
     }
     let exe = std::env::current_exe().expect("test binary path");
-    // target/<profile>/deps/<test> → target/<profile>/sluice
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join("sluice"))
-        .expect("target directory");
+    // Tests live in target/<profile>/deps/, binaries (benchmarks) in target/<profile>/.
+    let mut dir = exe.parent().expect("target directory");
+    if dir.ends_with("deps") {
+        dir = dir.parent().expect("target directory");
+    }
+    let bin = dir.join("sluice");
     assert!(
         bin.exists(),
         "{} does not exist: build it first (cargo build -p sluice-gateway)",
@@ -48,6 +48,8 @@ pub fn free_port() -> u16 {
 /// `{data_dir}/delivered.jsonl`) plus whatever a test adds.
 pub struct SluiceBuilder {
     durability: &'static str,
+    distributed: Option<(String, String)>,
+    strategy: &'static str,
     shards: u32,
     limits: String,
     extra: String,
@@ -57,6 +59,17 @@ pub struct SluiceBuilder {
 impl SluiceBuilder {
     pub fn durability(mut self, durability: &'static str) -> Self {
         self.durability = durability;
+        self
+    }
+
+    /// Distributed mode against the Redis at `url`, keys under `prefix`.
+    pub fn distributed(mut self, url: &str, prefix: &str) -> Self {
+        self.distributed = Some((url.to_string(), prefix.to_string()));
+        self
+    }
+
+    pub fn strategy(mut self, strategy: &'static str) -> Self {
+        self.strategy = strategy;
         self
     }
 
@@ -86,9 +99,20 @@ impl SluiceBuilder {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("sluice.toml");
         let data_dir = dir.path().join("data");
+        let mode = match &self.distributed {
+            Some((url, prefix)) => format!(
+                "mode = \"distributed\"\nredis_url = \"{url}\"\nredis_prefix = \"{prefix}\"\n"
+            ),
+            None => String::new(),
+        };
         let text = format!(
             r#"log = "info,sluice=debug"
 durability = "{durability}"
+{mode}
+[cluster]
+strategy = "{strategy}"
+redis_timeout = "500ms"
+poll_interval = "50ms"
 
 [limits]
 {limits}
@@ -114,6 +138,7 @@ path = "{{data_dir}}/delivered.jsonl"
 {extra}
 "#,
             durability = self.durability,
+            strategy = self.strategy,
             limits = self.limits,
             shards = self.shards,
             extra = self.extra,
@@ -147,6 +172,8 @@ impl Sluice {
     pub fn builder() -> SluiceBuilder {
         SluiceBuilder {
             durability: "fsync",
+            distributed: None,
+            strategy: "sorted-hash",
             shards: 4,
             limits: String::new(),
             extra: String::new(),
@@ -233,6 +260,21 @@ impl Sluice {
         }
     }
 
+    /// Whether the process is running.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Sends a signal by name (`STOP`, `CONT`, ...) to the running process.
+    pub fn signal(&self, name: &str) {
+        let child = self.child.as_ref().expect("sluice is running");
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
+
     /// SIGKILL: no chance to flush anything.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -299,6 +341,106 @@ impl Drop for Sluice {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// A `redis-server` of the test's own on a free loopback port, with an append-only file
+/// fsynced on every write, so a restart keeps everything it acknowledged.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: TempDir,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        let mut server = RedisServer {
+            child: None,
+            port: free_port(),
+            dir: tempfile::tempdir().expect("temp dir"),
+        };
+        server.spawn();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (make test installs it)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL: Redis is gone until `restart`.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none());
+        self.spawn();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The machine's Redis (a service of the test machines), with a key prefix unique to the
+/// calling test so tests never see each other's keys.
+pub fn shared_redis(test: &str) -> (String, String) {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    (
+        std::env::var("SLUICE_E2E_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_string()),
+        format!("e2e-{test}-{nanos}"),
+    )
+}
+
+/// Posts `count` binary-mode events with ids `{prefix}-{i}`, spread round-robin over the
+/// given gateways, and returns the ids answered 202 (others got an error or 503).
+pub async fn post_spread(urls: &[String], prefix: &str, count: usize) -> Vec<String> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("client");
+    let mut accepted = Vec::new();
+    for i in 0..count {
+        let id = format!("{prefix}-{i}");
+        let url = &urls[i % urls.len()];
+        if let Ok(r) = binary(&client, url, &id, "{}").send().await {
+            if r.status() == reqwest::StatusCode::ACCEPTED {
+                accepted.push(id);
+            }
+        }
+    }
+    accepted
 }
 
 pub fn read_jsonl(path: &Path) -> Vec<Value> {

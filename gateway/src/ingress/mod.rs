@@ -4,7 +4,7 @@
 pub mod cloudevent;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -22,12 +22,37 @@ use tower::ServiceBuilder;
 
 use crate::config::Limits;
 use crate::problem::Problem;
+use crate::runtime::cluster::Cluster;
 use crate::store::{BusLog, ShardAppend, StoreError};
 use cloudevent::{ContentMode, ErrorKind, EventError};
 
 pub struct IngressState {
-    pub buses: HashMap<String, Arc<dyn BusLog>>,
+    /// Swapped as a whole when the configuration changes.
+    buses: RwLock<Arc<HashMap<String, Arc<dyn BusLog>>>>,
     pub limits: Limits,
+    pub cluster: Arc<dyn Cluster>,
+}
+
+impl IngressState {
+    pub fn new(
+        buses: HashMap<String, Arc<dyn BusLog>>,
+        limits: Limits,
+        cluster: Arc<dyn Cluster>,
+    ) -> IngressState {
+        IngressState {
+            buses: RwLock::new(Arc::new(buses)),
+            limits,
+            cluster,
+        }
+    }
+
+    pub fn buses(&self) -> Arc<HashMap<String, Arc<dyn BusLog>>> {
+        self.buses.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn set_buses(&self, buses: HashMap<String, Arc<dyn BusLog>>) {
+        *self.buses.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(buses);
+    }
 }
 
 /// The HTTP application. Tests drive it with `oneshot`, the server with a socket.
@@ -45,6 +70,7 @@ pub fn router(state: Arc<IngressState>) -> Router {
             get(|| async { Json(json!({"status": "ok"})) }).fallback(get_only),
         )
         .route("/readyz", get(ready).fallback(get_only))
+        .merge(crate::admin::routes())
         .fallback(|uri: Uri| async move { Problem::not_found(uri.path()) })
         .with_state(state)
         .layer(
@@ -73,8 +99,12 @@ async fn request_timeout(State(limit): State<Duration>, request: Request, next: 
 }
 
 async fn ready(State(state): State<Arc<IngressState>>) -> Response {
-    let failed: Vec<&str> = state
-        .buses
+    if !state.cluster.healthy() {
+        return Problem::unavailable("the cluster store (Redis) is not reachable", 2)
+            .into_response();
+    }
+    let buses = state.buses();
+    let failed: Vec<&str> = buses
         .iter()
         .filter(|(_, log)| !log.healthy())
         .map(|(name, _)| name.as_str())
@@ -101,7 +131,7 @@ async fn post_events(
     Path(bus): Path<String>,
     request: Request,
 ) -> Response {
-    let Some(log) = state.buses.get(&bus) else {
+    let Some(log) = state.buses().get(&bus).cloned() else {
         return Problem::unknown_bus(&bus).into_response();
     };
     let (parts, body) = request.into_parts();

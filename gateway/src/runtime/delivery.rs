@@ -10,24 +10,37 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cloudevents::event::ExtensionValue;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::{DeliveryConfig, TargetConfig};
 use crate::store::BusLog;
 use crate::targets::{self, Envelope, Target, TargetError};
 
 /// A target's retry policy. Unset backoffs come from the `[delivery]` section.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
     /// Attempts per event, the first one included (EventBridge: 185).
     pub max_attempts: u32,
     /// How long after its first attempt an event may still be retried (EventBridge: 24 h).
-    #[serde(deserialize_with = "crate::config::duration")]
+    #[serde(
+        deserialize_with = "crate::config::duration",
+        serialize_with = "crate::runtime::delivery::ser_duration"
+    )]
     pub max_event_age: Duration,
-    #[serde(default, deserialize_with = "optional_duration")]
+    #[serde(
+        default,
+        deserialize_with = "optional_duration",
+        serialize_with = "ser_optional_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub initial_backoff: Option<Duration>,
-    #[serde(default, deserialize_with = "optional_duration")]
+    #[serde(
+        default,
+        deserialize_with = "optional_duration",
+        serialize_with = "ser_optional_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub max_backoff: Option<Duration>,
 }
 
@@ -46,11 +59,29 @@ fn optional_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Du
     crate::config::duration(d).map(Some)
 }
 
+/// Writes a duration the way the configuration reads it (`1500ms`), so a configuration
+/// survives a round trip through TOML (distributed mode stores it in Redis).
+pub fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("{}ms", d.as_millis()))
+}
+
+fn ser_optional_duration<S: serde::Serializer>(
+    d: &Option<Duration>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => ser_duration(d, s),
+        None => s.serialize_none(),
+    }
+}
+
 /// Where events go that cannot be delivered: a bus, or another target.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeadLetterConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bus: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<Box<TargetConfig>>,
 }
 
@@ -79,6 +110,8 @@ pub struct Delivery {
     dead_letter: Option<DeadLetter>,
     rule: String,
     subscription: String,
+    /// The latest failure while a delivery is still retrying (for status reports).
+    last_error: Mutex<Option<String>>,
 }
 
 #[derive(Debug, Clone)]
@@ -148,7 +181,20 @@ impl Delivery {
             dead_letter,
             rule: rule.to_string(),
             subscription: subscription.to_string(),
+            last_error: Mutex::new(None),
         }
+    }
+
+    /// The latest failure of a delivery that has not succeeded (or been dead-lettered) yet.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn settled(&self) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// A delivery with the default policy and no dead letters (tests, simple callers).
@@ -171,6 +217,11 @@ impl Delivery {
     /// Cancelling it (dropping the future) is safe: the position has not moved, so the batch
     /// is delivered again later (at least once).
     pub async fn deliver(&self, events: &[Envelope]) {
+        self.deliver_batch(events).await;
+        self.settled();
+    }
+
+    async fn deliver_batch(&self, events: &[Envelope]) {
         if events.is_empty() {
             return;
         }
@@ -224,6 +275,7 @@ impl Delivery {
     }
 
     fn log_failure(&self, e: &TargetError, attempts: u32, events: usize) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
         tracing::warn!(
             subscription = %self.subscription,
             target = %self.target.describe(),
@@ -306,6 +358,7 @@ impl Delivery {
                         .deliver(&[Envelope {
                             raw,
                             event: Some(letter.clone()),
+                            body: None,
                         }])
                         .await
                 }

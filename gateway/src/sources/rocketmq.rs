@@ -142,7 +142,12 @@ impl RocketMqSource {
             .map_err(|e| TargetError::retryable(format!("cannot assign queues: {e}")))?;
         let key = self.config.position_key();
         for queue in &queues {
-            let seek = match self.positions.get(&key, queue.queue_id() as u32) {
+            let stored = self
+                .positions
+                .load(&key, queue.queue_id() as u32)
+                .await
+                .map_err(|e| TargetError::retryable(format!("cannot load positions: {e}")))?;
+            let seek = match stored {
                 Some(next) => consumer.seek(queue, next as i64).await,
                 None => consumer.seek_to_begin(queue).await,
             };
@@ -177,6 +182,10 @@ impl RocketMqSource {
             }
             for (queue, after) in next {
                 self.positions.set(&key, queue, after);
+            }
+            // Committed now rather than on the workers' tick, which only runs with tasks.
+            if let Err(e) = self.positions.flush().await {
+                tracing::warn!(source = %self.config.name, error = %e, "committing source positions failed; retried with the next batch");
             }
         }
     }

@@ -3,6 +3,9 @@
 //! them on local disk; the distributed backend will keep them in Redis behind the same traits.
 
 pub mod embedded;
+pub mod redis;
+
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -61,6 +64,15 @@ pub trait BusLog: Send + Sync + 'static {
     /// Changes whenever a new record becomes durable.
     fn tail(&self, shard: u32) -> watch::Receiver<Seq>;
 
+    /// The next sequence number the shard will give out, read from the store itself.
+    async fn end(&self, shard: u32) -> Result<Seq, StoreError>;
+
+    /// How often an idle reader should look for records appended by other processes;
+    /// `None` when `tail` already tells of every append.
+    fn poll_interval(&self) -> Option<Duration> {
+        None
+    }
+
     /// Records below `seq` are no longer needed by anyone and may be deleted.
     async fn release(&self, shard: u32, seq: Seq) -> Result<(), StoreError>;
 
@@ -75,17 +87,29 @@ pub trait ShardReader: Send {
 }
 
 /// Where each subscription has got to in each shard (the next sequence number to deliver).
+///
+/// Progress is recorded in memory as tasks deliver (`set`) and made durable in batches
+/// (`flush`). In distributed mode every commit is fenced: it is refused unless the task's
+/// lease epoch given to `own` is still the current one.
 #[async_trait]
 pub trait PositionStore: Send + Sync + 'static {
-    /// The latest position recorded for the subscription and shard, committed or not.
-    fn get(&self, subscription: &str, shard: u32) -> Option<Seq>;
+    /// The committed position, if the subscription has one for this shard.
+    async fn load(&self, subscription: &str, shard: u32) -> Result<Option<Seq>, StoreError>;
 
-    /// The position as of the last successful `flush`: what a restart resumes from.
-    fn committed(&self, subscription: &str, shard: u32) -> Option<Seq>;
+    /// Sets the position if there is none yet, durably. A new subscription starts where its
+    /// bus ends when it is created, so it neither replays old events nor misses new ones.
+    async fn init(&self, subscription: &str, shard: u32, next: Seq) -> Result<(), StoreError>;
 
-    /// Records progress; it is made durable by the next `flush` (positions commit in batches).
+    /// Records progress; made durable by the next `flush`.
     fn set(&self, subscription: &str, shard: u32, next: Seq);
 
-    /// Makes every position set so far durable.
-    async fn flush(&self) -> Result<(), StoreError>;
+    /// This worker now runs the task under the lease `epoch` (`None`: no longer runs it).
+    fn own(&self, subscription: &str, shard: u32, epoch: Option<u64>);
+
+    /// Commits every position set so far. Returns the (subscription, shard) pairs whose
+    /// commit was refused because their lease moved on: those tasks must stop.
+    async fn flush(&self) -> Result<Vec<(String, u32)>, StoreError>;
+
+    /// The position as of the last successful commit: what a restart resumes from.
+    async fn committed(&self, subscription: &str, shard: u32) -> Result<Option<Seq>, StoreError>;
 }

@@ -41,21 +41,25 @@ impl FileTarget {
 impl Target for FileTarget {
     async fn deliver(&self, events: &[Envelope]) -> Result<(), TargetError> {
         let lines = json_lines(events);
-        let file = self.file.clone();
-        let sync = self.durability == Durability::Fsync;
         let path = self.path.clone();
+        let failed = move |e: std::io::Error| {
+            TargetError::retryable(format!("cannot write {}: {e}", path.display()))
+        };
+        if self.durability == Durability::Os {
+            // A page-cache write of one batch: cheaper inline than a hop to a blocking thread.
+            let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+            // One write per batch: with O_APPEND it lands whole after any other writer's lines.
+            return file.write_all(&lines).map_err(failed);
+        }
+        let file = self.file.clone();
         tokio::task::spawn_blocking(move || {
             let mut file = file.lock().unwrap_or_else(|p| p.into_inner());
-            // One write per batch: with O_APPEND it lands whole after any other writer's lines.
             file.write_all(&lines)?;
-            if sync {
-                file.sync_data()?;
-            }
-            Ok::<_, std::io::Error>(())
+            file.sync_data()
         })
         .await
         .map_err(|e| TargetError::retryable(format!("file task failed: {e}")))?
-        .map_err(|e| TargetError::retryable(format!("cannot write {}: {e}", path.display())))
+        .map_err(failed)
     }
 
     fn describe(&self) -> String {

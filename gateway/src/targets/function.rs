@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use cloudevents::event::ExtensionValue;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::http::{self as http_target, BodyMode};
 use super::{append_to_bus, stored, Envelope, Resources, Target, TargetError};
@@ -19,7 +19,7 @@ use crate::store::BusLog;
 
 pub const HOPS: &str = "sluicehops";
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FunctionConfig {
     pub name: String,
@@ -31,13 +31,17 @@ pub struct FunctionConfig {
     pub max_hops: i64,
     #[serde(
         default = "defaults::timeout",
-        deserialize_with = "crate::config::duration"
+        deserialize_with = "crate::config::duration",
+        serialize_with = "crate::runtime::delivery::ser_duration"
     )]
     pub timeout: Duration,
     #[serde(default)]
     pub retry: RetryConfig,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetterConfig>,
+    /// The transform chain applied to events before this target (a step or a list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<toml::Value>,
 }
 
 mod defaults {

@@ -14,14 +14,14 @@ use async_trait::async_trait;
 use base64::Engine;
 use hmac::{KeyInit, Mac};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
 use super::{attributes, data_bytes, secret, Envelope, Target, TargetError};
 use crate::config::{DeadLetterConfig, RetryConfig};
 use crate::runtime::delivery::{CircuitBreaker, RateLimiter};
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum BodyMode {
     /// Attributes as `ce-*` headers, the data as the body.
@@ -33,7 +33,7 @@ pub enum BodyMode {
     Raw,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, tag = "type", rename_all = "kebab-case")]
 pub enum AuthConfig {
     /// `Authorization: Bearer <token>`.
@@ -44,7 +44,7 @@ pub enum AuthConfig {
     ApiKey { header: String, key: String },
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CircuitBreakerConfig {
     /// Failures in a row (network errors, timeouts, 5xx, 429) that open the circuit.
@@ -53,12 +53,13 @@ pub struct CircuitBreakerConfig {
     /// How long it stays open before one probe is let through.
     #[serde(
         default = "defaults::breaker_open_for",
-        deserialize_with = "crate::config::duration"
+        deserialize_with = "crate::config::duration",
+        serialize_with = "crate::runtime::delivery::ser_duration"
     )]
     pub open_for: Duration,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpConfig {
     pub name: String,
@@ -71,24 +72,26 @@ pub struct HttpConfig {
     /// Time for the whole request, answer included.
     #[serde(
         default = "defaults::timeout",
-        deserialize_with = "crate::config::duration"
+        deserialize_with = "crate::config::duration",
+        serialize_with = "crate::runtime::delivery::ser_duration"
     )]
     pub timeout: Duration,
     #[serde(
         default = "defaults::connect_timeout",
-        deserialize_with = "crate::config::duration"
+        deserialize_with = "crate::config::duration",
+        serialize_with = "crate::runtime::delivery::ser_duration"
     )]
     pub connect_timeout: Duration,
     /// Speak h2 without TLS negotiation (h2c).
     #[serde(default)]
     pub http2_prior_knowledge: bool,
     /// Standard Webhooks signing secret (`whsec_...`, or `env:VAR`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signing_secret: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<AuthConfig>,
     /// Most events per second to this endpoint (all tasks together).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<f64>,
     /// Most requests in flight to this endpoint (all tasks together).
     #[serde(default = "defaults::max_in_flight")]
@@ -96,12 +99,15 @@ pub struct HttpConfig {
     /// Send a batch's events concurrently (up to `max_in_flight`) instead of in order.
     #[serde(default)]
     pub concurrent: bool,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub circuit_breaker: Option<CircuitBreakerConfig>,
     #[serde(default)]
     pub retry: RetryConfig,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetterConfig>,
+    /// The transform chain applied to events before this target (a step or a list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<toml::Value>,
 }
 
 mod defaults {
@@ -209,6 +215,17 @@ pub(crate) fn encode(envelope: &Envelope, mode: BodyMode) -> Result<Request, Tar
     let content_type = cloudevents::AttributesReader::datacontenttype(event.as_ref())
         .unwrap_or("application/json")
         .to_string();
+    // A transform that produced a raw body replaces the event: it goes out as it is.
+    if let Some(body) = &envelope.body {
+        if let Ok(v) = HeaderValue::from_str(&body.content_type) {
+            headers.insert(reqwest::header::CONTENT_TYPE, v);
+        }
+        return Ok(Request {
+            headers,
+            body: body.bytes.to_vec(),
+            id,
+        });
+    }
     let body = match mode {
         BodyMode::Structured => {
             headers.insert(

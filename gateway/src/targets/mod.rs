@@ -56,12 +56,21 @@ impl TargetError {
     }
 }
 
-/// An event on its way to a target: its stored form (CloudEvents structured JSON) and,
-/// when something needed to look inside it, the decoded event.
+/// An event on its way to a target: its structured JSON form and, when something needed to
+/// look inside it, the decoded event. A transform may have turned it into a raw `body`,
+/// which then replaces the event for targets that send bodies.
 #[derive(Debug, Clone)]
 pub struct Envelope {
     pub raw: Bytes,
     pub event: Option<Event>,
+    pub body: Option<Body>,
+}
+
+/// A raw body produced by a transform.
+#[derive(Debug, Clone)]
+pub struct Body {
+    pub content_type: String,
+    pub bytes: Bytes,
 }
 
 impl Envelope {
@@ -114,11 +123,25 @@ pub fn build(
     })
 }
 
-/// One JSON line per event, in CloudEvents structured form (the stored form as it is).
+/// One JSON line per event, in CloudEvents structured form (the stored form as it is). A
+/// transformed body goes on its line as compact JSON, or as a JSON string if it is not JSON.
 pub fn json_lines(events: &[Envelope]) -> Vec<u8> {
     let mut out = Vec::with_capacity(events.iter().map(|e| e.raw.len() + 1).sum());
     for event in events {
-        out.extend_from_slice(&event.raw);
+        match &event.body {
+            None => out.extend_from_slice(&event.raw),
+            Some(body) => {
+                let written = match serde_json::from_slice::<serde_json::Value>(&body.bytes) {
+                    Ok(json) => serde_json::to_writer(&mut out, &json),
+                    Err(_) => {
+                        serde_json::to_writer(&mut out, &String::from_utf8_lossy(&body.bytes))
+                    }
+                };
+                if written.is_err() {
+                    out.extend_from_slice(b"null");
+                }
+            }
+        }
         out.push(b'\n');
     }
     out
@@ -231,4 +254,24 @@ pub fn check(target: &TargetConfig, buses: &std::collections::HashSet<&str>) -> 
         dead_letter.check(buses)?;
     }
     Ok(())
+}
+
+/// One attribute or extension of the event as text (`time` in RFC 3339), if it has it.
+pub fn attribute(event: &Event, name: &str) -> Option<String> {
+    use cloudevents::event::ExtensionValue;
+    use cloudevents::AttributesReader;
+    Some(match name {
+        "id" => event.id().to_string(),
+        "source" => event.source().to_string(),
+        "type" => event.ty().to_string(),
+        "specversion" => event.specversion().to_string(),
+        "subject" => event.subject()?.to_string(),
+        "datacontenttype" => event.datacontenttype()?.to_string(),
+        "dataschema" => event.dataschema()?.to_string(),
+        "time" => event.time()?.to_rfc3339(),
+        _ => match event.extension(name)? {
+            ExtensionValue::String(s) => s.clone(),
+            other => other.to_string(),
+        },
+    })
 }

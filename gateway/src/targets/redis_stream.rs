@@ -4,13 +4,13 @@
 
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
 use super::{Envelope, Target, TargetError};
 use crate::config::{DeadLetterConfig, RetryConfig};
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisStreamConfig {
     pub name: String,
@@ -23,8 +23,11 @@ pub struct RedisStreamConfig {
     pub maxlen: usize,
     #[serde(default)]
     pub retry: RetryConfig,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetterConfig>,
+    /// The transform chain applied to events before this target (a step or a list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<toml::Value>,
 }
 
 mod defaults {
@@ -102,7 +105,10 @@ impl Target for RedisStreamTarget {
                         .to_vec(),
                 ),
             ];
-            fields.push(("event", envelope.raw.to_vec()));
+            match &envelope.body {
+                Some(transformed) => fields.push(("body", transformed.bytes.to_vec())),
+                None => fields.push(("event", envelope.raw.to_vec())),
+            }
             pipe.xadd_maxlen(
                 &self.config.stream,
                 redis::streams::StreamMaxlen::Approx(self.config.maxlen),

@@ -17,14 +17,14 @@ use async_trait::async_trait;
 use rocketmq_client_rust::{ClientRuntime, ClientRuntimeConfig, DefaultMQProducer};
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, OnceCell, Semaphore};
 
+use super::attribute;
 use super::{attributes, data_bytes, Envelope, Target, TargetError};
 use crate::config::{DeadLetterConfig, RetryConfig};
-use crate::rules::attribute;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RocketMqConfig {
     pub name: String,
@@ -32,10 +32,10 @@ pub struct RocketMqConfig {
     pub name_server: String,
     pub topic: String,
     /// Attribute whose value becomes the message tag (absent attribute: no tag).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag_attribute: Option<String>,
     /// A fixed tag, when `tag_attribute` is not set.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
     /// Attribute whose value becomes the message key (default `id`).
     #[serde(default = "defaults::keys_attribute")]
@@ -44,7 +44,7 @@ pub struct RocketMqConfig {
     /// `partitionkey`; events without it are spread by id).
     #[serde(default = "defaults::partition_key_attribute")]
     pub partition_key_attribute: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub producer_group: Option<String>,
     /// Most messages in one batch send.
     #[serde(default = "defaults::max_batch")]
@@ -57,13 +57,17 @@ pub struct RocketMqConfig {
     pub max_in_flight: usize,
     #[serde(
         default = "defaults::send_timeout",
-        deserialize_with = "crate::config::duration"
+        deserialize_with = "crate::config::duration",
+        serialize_with = "crate::runtime::delivery::ser_duration"
     )]
     pub send_timeout: Duration,
     #[serde(default)]
     pub retry: RetryConfig,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetterConfig>,
+    /// The transform chain applied to events before this target (a step or a list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<toml::Value>,
 }
 
 mod defaults {
@@ -242,7 +246,10 @@ impl RocketMqTarget {
     /// The message for one event, and the key choosing its queue.
     fn message(&self, envelope: &Envelope) -> Result<(Message, String, usize), TargetError> {
         let event = envelope.decoded()?;
-        let body = data_bytes(&event);
+        let body = match &envelope.body {
+            Some(transformed) => transformed.bytes.to_vec(),
+            None => data_bytes(&event),
+        };
         let mut size = body.len();
         let mut builder = Message::builder()
             .topic(self.config.topic.as_str())

@@ -334,6 +334,10 @@ impl BusLog for EmbeddedLog {
         }
     }
 
+    async fn end(&self, shard: u32) -> Result<Seq, StoreError> {
+        Ok(*self.shard(shard)?.tail.borrow())
+    }
+
     async fn release(&self, shard: u32, seq: Seq) -> Result<(), StoreError> {
         let s = self.shard(shard)?;
         let doomed: Vec<Seq> = {
@@ -517,7 +521,7 @@ fn encode_record(buf: &mut Vec<u8>, seq: Seq, payload: &[u8]) {
 
 /// Writes zeros over `[from, to)` of the file.
 fn zero_fill(file: &File, from: u64, to: u64) -> std::io::Result<()> {
-    const ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+    static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
     let mut at = from;
     while at < to {
         let n = (to - at).min(ZEROS.len() as u64) as usize;
@@ -561,7 +565,7 @@ struct EmbeddedReader {
 
 impl EmbeddedReader {
     /// Records `[next, limit)` from the cache, if it still holds `next`.
-    fn from_cache(&self, limit: Seq) -> Option<Vec<Record>> {
+    fn cached(&self, limit: Seq) -> Option<Vec<Record>> {
         let cache = lock(&self.cache);
         let front = cache.records.front()?.0;
         if self.next < front || self.next < cache.first {
@@ -673,12 +677,7 @@ impl ReadState {
                 }
                 // The end of a segment below the tail: the next segment starts here.
                 Ok(None) => {
-                    let next_segment = self
-                        .segments
-                        .lock()
-                        .map_err(poisoned)?
-                        .iter()
-                        .any(|b| *b == self.next);
+                    let next_segment = self.segments.lock().map_err(poisoned)?.contains(&self.next);
                     if !next_segment {
                         return Err(StoreError::Corrupt(format!(
                             "record {} is missing from the log",
@@ -709,7 +708,7 @@ impl ShardReader for EmbeddedReader {
             return Ok(Vec::new());
         }
         let limit = tail.min(self.next.saturating_add(max as Seq));
-        if let Some(records) = self.from_cache(limit) {
+        if let Some(records) = self.cached(limit) {
             self.next = records.last().map_or(self.next, |r| r.seq + 1);
             return Ok(records);
         }

@@ -63,22 +63,28 @@ impl EmbeddedPositions {
     }
 }
 
-#[async_trait]
-impl PositionStore for EmbeddedPositions {
-    fn get(&self, subscription: &str, shard: u32) -> Option<Seq> {
+impl EmbeddedPositions {
+    fn latest(&self, subscription: &str, shard: u32) -> Option<Seq> {
         self.lock()
             .current
             .get(subscription)
             .and_then(|s| s.get(&shard))
             .copied()
     }
+}
 
-    fn committed(&self, subscription: &str, shard: u32) -> Option<Seq> {
-        self.lock()
-            .durable
-            .get(subscription)
-            .and_then(|s| s.get(&shard))
-            .copied()
+#[async_trait]
+impl PositionStore for EmbeddedPositions {
+    async fn load(&self, subscription: &str, shard: u32) -> Result<Option<Seq>, StoreError> {
+        Ok(self.latest(subscription, shard))
+    }
+
+    async fn init(&self, subscription: &str, shard: u32, next: Seq) -> Result<(), StoreError> {
+        if self.latest(subscription, shard).is_none() {
+            self.set(subscription, shard, next);
+            self.flush().await?;
+        }
+        Ok(())
     }
 
     fn set(&self, subscription: &str, shard: u32, next: Seq) {
@@ -89,12 +95,15 @@ impl PositionStore for EmbeddedPositions {
         }
     }
 
-    async fn flush(&self) -> Result<(), StoreError> {
+    /// One process owns the data directory (its lock), so there is nothing to fence.
+    fn own(&self, _subscription: &str, _shard: u32, _epoch: Option<u64>) {}
+
+    async fn flush(&self) -> Result<Vec<(String, u32)>, StoreError> {
         let _guard = self.flush_lock.lock().await;
         let (snapshot, generation) = {
             let state = self.lock();
             if state.generation == state.flushed_generation {
-                return Ok(());
+                return Ok(Vec::new());
             }
             (state.current.clone(), state.generation)
         };
@@ -107,7 +116,16 @@ impl PositionStore for EmbeddedPositions {
         let mut state = self.lock();
         state.flushed_generation = generation;
         state.durable = snapshot;
-        Ok(())
+        Ok(Vec::new())
+    }
+
+    async fn committed(&self, subscription: &str, shard: u32) -> Result<Option<Seq>, StoreError> {
+        Ok(self
+            .lock()
+            .durable
+            .get(subscription)
+            .and_then(|s| s.get(&shard))
+            .copied())
     }
 }
 
@@ -134,20 +152,23 @@ mod tests {
     async fn positions_survive_reopen_only_after_flush() {
         let dir = tempfile::tempdir().unwrap();
         let p = EmbeddedPositions::open(dir.path()).unwrap();
-        assert_eq!(p.get("r/t", 0), None);
+        assert_eq!(p.load("r/t", 0).await.unwrap(), None);
         p.set("r/t", 0, 5);
         p.set("r/t", 1, 7);
-        assert_eq!(p.get("r/t", 0), Some(5));
-        assert_eq!(
-            EmbeddedPositions::open(dir.path()).unwrap().get("r/t", 0),
-            None
-        );
+        assert_eq!(p.load("r/t", 0).await.unwrap(), Some(5));
+        let fresh = EmbeddedPositions::open(dir.path()).unwrap();
+        assert_eq!(fresh.load("r/t", 0).await.unwrap(), None);
         p.flush().await.unwrap();
         p.set("r/t", 0, 9);
-        assert_eq!(p.committed("r/t", 0), Some(5));
-        assert_eq!(p.get("r/t", 0), Some(9));
+        assert_eq!(p.committed("r/t", 0).await.unwrap(), Some(5));
+        assert_eq!(p.load("r/t", 0).await.unwrap(), Some(9));
         let reopened = EmbeddedPositions::open(dir.path()).unwrap();
-        assert_eq!(reopened.get("r/t", 0), Some(5));
-        assert_eq!(reopened.get("r/t", 1), Some(7));
+        assert_eq!(reopened.load("r/t", 0).await.unwrap(), Some(5));
+        assert_eq!(reopened.load("r/t", 1).await.unwrap(), Some(7));
+        // init never overwrites a position.
+        reopened.init("r/t", 0, 100).await.unwrap();
+        reopened.init("r/x", 0, 100).await.unwrap();
+        assert_eq!(reopened.committed("r/t", 0).await.unwrap(), Some(5));
+        assert_eq!(reopened.committed("r/x", 0).await.unwrap(), Some(100));
     }
 }

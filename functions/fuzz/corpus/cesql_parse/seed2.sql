@@ -1,0 +1,1 @@
+hop < 5 AND subject LIKE 'Gr%'

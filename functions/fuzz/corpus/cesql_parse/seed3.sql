@@ -1,0 +1,1 @@
+sequence IN (1, 10, '10') XOR NOT flag

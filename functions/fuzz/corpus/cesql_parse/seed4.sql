@@ -1,0 +1,1 @@
+LENGTH(CONCAT_WS('-', id, source)) >= -2147483648

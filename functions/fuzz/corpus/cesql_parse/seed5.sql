@@ -1,0 +1,1 @@
+SUBSTRING(subject, -3, 2) = UPPER(LEFT('ab', 1))

@@ -1,0 +1,1 @@
+EXISTS missing OR INT('7') % 0 = ABS(-1)

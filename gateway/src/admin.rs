@@ -1,0 +1,88 @@
+//! The first admin endpoints: cluster view (members, connector and task status) and
+//! pause / resume / restart of a connector or a task. Any replica answers for the whole
+//! cluster, since the state lives in the cluster store.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+
+use crate::ingress::IngressState;
+use crate::problem::Problem;
+use crate::runtime::cluster::task_id;
+
+pub fn routes() -> Router<Arc<IngressState>> {
+    Router::new()
+        .route("/admin/cluster", get(cluster))
+        .route(
+            "/admin/connectors/{bus}/{rule}/{target}/{action}",
+            post(connector_action),
+        )
+        .route(
+            "/admin/tasks/{bus}/{rule}/{target}/{shard}/{action}",
+            post(task_action),
+        )
+}
+
+async fn cluster(State(state): State<Arc<IngressState>>) -> Response {
+    let members = state.cluster.members().await;
+    let statuses = state.cluster.statuses().await;
+    match (members, statuses) {
+        (Ok(mut members), Ok(statuses)) => {
+            members.sort();
+            Json(json!({
+                "worker": state.cluster.worker_id(),
+                "members": members,
+                "statuses": statuses,
+            }))
+            .into_response()
+        }
+        (Err(e), _) | (_, Err(e)) => Problem::unavailable(e.to_string(), 2).into_response(),
+    }
+}
+
+async fn connector_action(
+    State(state): State<Arc<IngressState>>,
+    Path((bus, rule, target, action)): Path<(String, String, String, String)>,
+) -> Response {
+    act(&state, &format!("{bus}/{rule}/{target}"), &action).await
+}
+
+async fn task_action(
+    State(state): State<Arc<IngressState>>,
+    Path((bus, rule, target, shard, action)): Path<(String, String, String, u32, String)>,
+) -> Response {
+    act(
+        &state,
+        &task_id(&format!("{bus}/{rule}/{target}"), shard),
+        &action,
+    )
+    .await
+}
+
+async fn act(state: &IngressState, id: &str, action: &str) -> Response {
+    let result = match action {
+        "pause" => state.cluster.set_paused(id, true).await,
+        "resume" => state.cluster.set_paused(id, false).await,
+        "restart" => state.cluster.request_restart(id).await,
+        other => {
+            return Problem::bad_request(
+                "action",
+                format!("unknown action `{other}` (pause, resume or restart)"),
+            )
+            .into_response()
+        }
+    };
+    match result {
+        Ok(()) => (
+            StatusCode::ACCEPTED,
+            Json(json!({"id": id, "action": action})),
+        )
+            .into_response(),
+        Err(e) => Problem::unavailable(e.to_string(), 2).into_response(),
+    }
+}

@@ -1,0 +1,790 @@
+//! The distributed store: every shared fact of a cluster in Redis, under one key prefix, so
+//! several clusters can share one Redis. See `docs/distributed.md` for the key layout.
+//!
+//! ```text
+//! {p}:bus:{bus}:{shard}        stream; entry id 0-{seq+1}, field `e` = the stored event
+//! {p}:bus:{bus}:{shard}:next   next sequence number of the shard
+//! {p}:pos:{subscription}       hash: shard -> next sequence number to deliver
+//! {p}:lease:{task}             "{worker}|{epoch}", expires after the lease TTL
+//! {p}:epoch:{task}             fencing epoch counter of the task
+//! {p}:members                  sorted set: worker id -> last heartbeat (Redis time, ms)
+//! {p}:config                   hash: version, digest, toml (buses and rules)
+//! {p}:paused                   set of paused connector and task ids
+//! {p}:restarts                 hash: connector or task id -> restart generation
+//! {p}:status                   hash: connector or task id -> status JSON
+//! {p}:notices                  pub/sub channel: join, leave, config and control notices
+//! ```
+//!
+//! Every multi-step change is one Lua script, so it is atomic; every call has a timeout
+//! (the connection manager's response timeout) and the connection is multiplexed.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{AsyncCommands as _, Script};
+use tokio::sync::watch;
+
+use crate::runtime::cluster::{Cluster, Control, Lease, Status};
+use crate::store::{BusLog, PositionStore, Record, Seq, ShardAppend, ShardReader, StoreError};
+
+fn redis_error(context: &str, e: &redis::RedisError) -> StoreError {
+    StoreError::Unavailable(format!("redis {context}: {e}"))
+}
+
+/// A connection to the cluster's Redis and its key prefix.
+#[derive(Clone)]
+pub struct Redis {
+    conn: ConnectionManager,
+    client: redis::Client,
+    prefix: String,
+}
+
+impl Redis {
+    pub async fn connect(url: &str, prefix: &str, timeout: Duration) -> Result<Redis, StoreError> {
+        let client = redis::Client::open(url)
+            .map_err(|e| StoreError::Unavailable(format!("redis url `{url}`: {e}")))?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(timeout))
+            .set_connection_timeout(Some(timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        // Lazy: a gateway may start while Redis is down and serve 503s until it is back.
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)
+            .map_err(|e| redis_error("connect", &e))?;
+        Ok(Redis {
+            conn,
+            client,
+            prefix: prefix.to_string(),
+        })
+    }
+
+    pub fn key(&self, parts: &[&str]) -> String {
+        let mut key = self.prefix.clone();
+        for part in parts {
+            key.push(':');
+            key.push_str(part);
+        }
+        key
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        redis::cmd("PING")
+            .query_async::<String>(&mut self.conn())
+            .await
+            .map(|_| ())
+            .map_err(|e| redis_error("ping", &e))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Bus logs
+
+const APPEND: &str = r"
+local n = #ARGV
+local last = redis.call('INCRBY', KEYS[2], n)
+local first = last - n
+for i = 1, n do
+  redis.call('XADD', KEYS[1], '0-' .. (first + i), 'e', ARGV[i])
+end
+return first
+";
+
+/// One bus's log: a Redis stream per shard.
+pub struct RedisLog {
+    redis: Redis,
+    bus: String,
+    shards: u32,
+    append: Script,
+    /// What this worker knows of each shard's end; remote appends are found by polling.
+    tails: Vec<watch::Sender<Seq>>,
+    poll: Duration,
+}
+
+impl RedisLog {
+    pub fn new(redis: Redis, bus: &str, shards: u32, poll: Duration) -> RedisLog {
+        RedisLog {
+            redis,
+            bus: bus.to_string(),
+            shards,
+            append: Script::new(APPEND),
+            tails: (0..shards).map(|_| watch::Sender::new(0)).collect(),
+            poll,
+        }
+    }
+
+    fn stream(&self, shard: u32) -> String {
+        self.redis.key(&["bus", &self.bus, &shard.to_string()])
+    }
+
+    fn counter(&self, shard: u32) -> String {
+        self.redis
+            .key(&["bus", &self.bus, &shard.to_string(), "next"])
+    }
+}
+
+fn entry_id(seq: Seq) -> String {
+    format!("0-{}", seq + 1)
+}
+
+fn seq_of(id: &str) -> Option<Seq> {
+    id.strip_prefix("0-")?.parse::<Seq>().ok()?.checked_sub(1)
+}
+
+#[async_trait]
+impl BusLog for RedisLog {
+    fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    async fn append(&self, appends: Vec<ShardAppend>) -> Vec<Result<Seq, StoreError>> {
+        let mut results = Vec::with_capacity(appends.len());
+        for append in appends {
+            if append.shard >= self.shards {
+                results.push(Err(StoreError::Unavailable(format!(
+                    "bus `{}` has no shard {}",
+                    self.bus, append.shard
+                ))));
+                continue;
+            }
+            let mut invocation = self.append.prepare_invoke();
+            invocation
+                .key(self.stream(append.shard))
+                .key(self.counter(append.shard));
+            for record in &append.records {
+                invocation.arg(record.as_ref());
+            }
+            let result = invocation
+                .invoke_async::<Seq>(&mut self.redis.conn())
+                .await
+                .map_err(|e| redis_error("append", &e));
+            if let Ok(first) = &result {
+                let end = first + append.records.len() as Seq;
+                if let Some(tail) = self.tails.get(append.shard as usize) {
+                    tail.send_if_modified(|t| {
+                        let moved = end > *t;
+                        if moved {
+                            *t = end;
+                        }
+                        moved
+                    });
+                }
+            }
+            results.push(result);
+        }
+        results
+    }
+
+    async fn reader(&self, shard: u32, from: Seq) -> Result<Box<dyn ShardReader>, StoreError> {
+        Ok(Box::new(RedisReader {
+            redis: self.redis.clone(),
+            stream: self.stream(shard),
+            next: from,
+        }))
+    }
+
+    fn tail(&self, shard: u32) -> watch::Receiver<Seq> {
+        match self.tails.get(shard as usize) {
+            Some(t) => t.subscribe(),
+            None => watch::channel(0).1,
+        }
+    }
+
+    async fn end(&self, shard: u32) -> Result<Seq, StoreError> {
+        self.redis
+            .conn()
+            .get::<_, Option<Seq>>(self.counter(shard))
+            .await
+            .map(|n| n.unwrap_or(0))
+            .map_err(|e| redis_error("read the shard end", &e))
+    }
+
+    async fn release(&self, shard: u32, seq: Seq) -> Result<(), StoreError> {
+        redis::cmd("XTRIM")
+            .arg(self.stream(shard))
+            .arg("MINID")
+            .arg(entry_id(seq))
+            .query_async::<u64>(&mut self.redis.conn())
+            .await
+            .map(|_| ())
+            .map_err(|e| redis_error("trim", &e))
+    }
+
+    /// Redis's reachability is the cluster's health (readiness checks it).
+    fn healthy(&self) -> bool {
+        true
+    }
+
+    fn poll_interval(&self) -> Option<Duration> {
+        Some(self.poll)
+    }
+}
+
+struct RedisReader {
+    redis: Redis,
+    stream: String,
+    next: Seq,
+}
+
+type StreamEntries = Vec<(String, Vec<(String, Vec<u8>)>)>;
+
+#[async_trait]
+impl ShardReader for RedisReader {
+    async fn read(&mut self, max: usize) -> Result<Vec<Record>, StoreError> {
+        let entries: StreamEntries = redis::cmd("XRANGE")
+            .arg(&self.stream)
+            .arg(entry_id(self.next))
+            .arg("+")
+            .arg("COUNT")
+            .arg(max)
+            .query_async(&mut self.redis.conn())
+            .await
+            .map_err(|e| redis_error("read", &e))?;
+        let mut records = Vec::with_capacity(entries.len());
+        for (id, fields) in entries {
+            let seq = seq_of(&id).ok_or_else(|| {
+                StoreError::Corrupt(format!("unexpected entry id {id} in {}", self.stream))
+            })?;
+            if seq != self.next {
+                // Trimmed past our position (it was released): continue at what is there.
+                tracing::warn!(stream = %self.stream, expected = self.next, found = seq, "records are missing from the stream");
+            }
+            let payload = fields
+                .into_iter()
+                .find(|(name, _)| name == "e")
+                .map(|(_, value)| Bytes::from(value))
+                .ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no event")))?;
+            records.push(Record { seq, payload });
+            self.next = seq + 1;
+        }
+        Ok(records)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Positions
+
+const COMMIT: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local current = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '-1')
+if tonumber(ARGV[3]) > current then redis.call('HSET', KEYS[2], ARGV[2], ARGV[3]) end
+return 1
+";
+
+/// Positions in Redis; every commit is checked against the task's lease (fencing).
+pub struct RedisPositions {
+    redis: Redis,
+    worker: String,
+    commit: Script,
+    state: Mutex<PositionState>,
+}
+
+#[derive(Default)]
+struct PositionState {
+    pending: HashMap<(String, u32), Seq>,
+    epochs: HashMap<(String, u32), u64>,
+}
+
+impl RedisPositions {
+    pub fn new(redis: Redis, worker: &str) -> RedisPositions {
+        RedisPositions {
+            redis,
+            worker: worker.to_string(),
+            commit: Script::new(COMMIT),
+            state: Mutex::new(PositionState::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PositionState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn hash(&self, subscription: &str) -> String {
+        self.redis.key(&["pos", subscription])
+    }
+}
+
+#[async_trait]
+impl PositionStore for RedisPositions {
+    async fn load(&self, subscription: &str, shard: u32) -> Result<Option<Seq>, StoreError> {
+        self.committed(subscription, shard).await
+    }
+
+    async fn init(&self, subscription: &str, shard: u32, next: Seq) -> Result<(), StoreError> {
+        self.redis
+            .conn()
+            .hset_nx::<_, _, _, ()>(self.hash(subscription), shard, next)
+            .await
+            .map_err(|e| redis_error("init position", &e))
+    }
+
+    fn set(&self, subscription: &str, shard: u32, next: Seq) {
+        self.lock()
+            .pending
+            .insert((subscription.to_string(), shard), next);
+    }
+
+    fn own(&self, subscription: &str, shard: u32, epoch: Option<u64>) {
+        let key = (subscription.to_string(), shard);
+        let mut state = self.lock();
+        match epoch {
+            Some(e) => {
+                state.epochs.insert(key, e);
+            }
+            None => {
+                state.epochs.remove(&key);
+                state.pending.remove(&key);
+            }
+        }
+    }
+
+    async fn flush(&self) -> Result<Vec<(String, u32)>, StoreError> {
+        let batch: Vec<((String, u32), Seq, Option<u64>)> = {
+            let mut state = self.lock();
+            let pending = std::mem::take(&mut state.pending);
+            pending
+                .into_iter()
+                .map(|(key, seq)| {
+                    let epoch = state.epochs.get(&key).copied();
+                    (key, seq, epoch)
+                })
+                .collect()
+        };
+        let mut fenced = Vec::new();
+        for ((sub, shard), seq, epoch) in batch {
+            let Some(epoch) = epoch else {
+                fenced.push((sub, shard));
+                continue;
+            };
+            let task = crate::runtime::cluster::task_id(&sub, shard);
+            let result = self
+                .commit
+                .key(self.redis.key(&["lease", &task]))
+                .key(self.hash(&sub))
+                .arg(format!("{}|{epoch}", self.worker))
+                .arg(shard)
+                .arg(seq)
+                .invoke_async::<i64>(&mut self.redis.conn())
+                .await;
+            match result {
+                Ok(1) => {}
+                Ok(_) => fenced.push((sub, shard)),
+                Err(e) => {
+                    // Keep it for the next flush unless a newer position arrived meanwhile.
+                    self.lock().pending.entry((sub, shard)).or_insert(seq);
+                    return Err(redis_error("commit position", &e));
+                }
+            }
+        }
+        Ok(fenced)
+    }
+
+    async fn committed(&self, subscription: &str, shard: u32) -> Result<Option<Seq>, StoreError> {
+        self.redis
+            .conn()
+            .hget::<_, _, Option<Seq>>(self.hash(subscription), shard)
+            .await
+            .map_err(|e| redis_error("read position", &e))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Cluster: membership, leases, control, status, notices
+
+const HEARTBEAT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local added = redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
+if added == 1 then redis.call('PUBLISH', KEYS[2], 'join:' .. ARGV[1]) end
+return redis.call('ZRANGEBYSCORE', KEYS[1], now - tonumber(ARGV[2]), '+inf')
+";
+
+const MEMBERS: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], now - tonumber(ARGV[1]), '+inf')
+";
+
+const ACQUIRE: &str = r"
+local current = redis.call('GET', KEYS[1])
+if current then
+  local owner = string.match(current, '^(.*)|%d+$')
+  if owner ~= ARGV[1] then return -1 end
+end
+local epoch = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. epoch, 'PX', ARGV[2])
+return epoch
+";
+
+const RENEW: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+";
+
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+";
+
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub heartbeat: Duration,
+    /// A worker that has not heartbeated for this long is gone.
+    pub member_ttl: Duration,
+    pub lease_ttl: Duration,
+}
+
+pub struct RedisCluster {
+    redis: Redis,
+    id: String,
+    options: ClusterOptions,
+    notices: watch::Sender<u64>,
+    healthy: Arc<AtomicBool>,
+    scripts: Scripts,
+    stop: watch::Sender<bool>,
+}
+
+struct Scripts {
+    heartbeat: Script,
+    members: Script,
+    acquire: Script,
+    renew: Script,
+    release: Script,
+}
+
+impl RedisCluster {
+    /// Joins the cluster: starts heartbeating and listening for notices.
+    pub fn join(redis: Redis, id: &str, options: ClusterOptions) -> Arc<RedisCluster> {
+        let cluster = Arc::new(RedisCluster {
+            redis,
+            id: id.to_string(),
+            options,
+            notices: watch::Sender::new(0),
+            healthy: Arc::new(AtomicBool::new(false)),
+            scripts: Scripts {
+                heartbeat: Script::new(HEARTBEAT),
+                members: Script::new(MEMBERS),
+                acquire: Script::new(ACQUIRE),
+                renew: Script::new(RENEW),
+                release: Script::new(RELEASE),
+            },
+            stop: watch::Sender::new(false),
+        });
+        tokio::spawn(heartbeat_loop(cluster.clone()));
+        tokio::spawn(notice_loop(cluster.clone()));
+        cluster
+    }
+
+    fn channel(&self) -> String {
+        self.redis.key(&["notices"])
+    }
+
+    fn notify_local(&self) {
+        self.notices.send_modify(|n| *n += 1);
+    }
+
+    async fn publish(&self, message: &str) -> Result<(), StoreError> {
+        self.redis
+            .conn()
+            .publish::<_, _, i64>(self.channel(), message)
+            .await
+            .map(|_| ())
+            .map_err(|e| redis_error("publish", &e))
+    }
+
+    fn lease_value(&self, lease: &Lease) -> String {
+        format!("{}|{}", self.id, lease.epoch)
+    }
+
+    /// The stored configuration: (version, TOML of buses and rules).
+    pub async fn load_config(&self) -> Result<Option<(u64, String)>, StoreError> {
+        let map: HashMap<String, String> = self
+            .redis
+            .conn()
+            .hgetall(self.redis.key(&["config"]))
+            .await
+            .map_err(|e| redis_error("read config", &e))?;
+        match (map.get("version"), map.get("toml")) {
+            (Some(v), Some(toml)) => Ok(v.parse().ok().map(|v| (v, toml.clone()))),
+            _ => Ok(None),
+        }
+    }
+
+    pub async fn config_version(&self) -> Result<u64, StoreError> {
+        self.redis
+            .conn()
+            .hget::<_, _, Option<u64>>(self.redis.key(&["config"]), "version")
+            .await
+            .map(|v| v.unwrap_or(0))
+            .map_err(|e| redis_error("read config version", &e))
+    }
+
+    /// Stores a configuration unless it is the one stored already; returns its version.
+    /// Every change bumps the version and is announced to all workers.
+    pub async fn apply_config(&self, toml: &str) -> Result<u64, StoreError> {
+        const APPLY: &str = r"
+local current = redis.call('HGET', KEYS[1], 'digest')
+if current == ARGV[1] then return tonumber(redis.call('HGET', KEYS[1], 'version')) end
+local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
+redis.call('HSET', KEYS[1], 'digest', ARGV[1], 'toml', ARGV[2])
+redis.call('PUBLISH', KEYS[2], 'config:' .. v)
+return v
+";
+        let digest = format!(
+            "{:016x}",
+            crate::runtime::rebalance::stable_hash(toml.as_bytes())
+        );
+        Script::new(APPLY)
+            .key(self.redis.key(&["config"]))
+            .key(self.channel())
+            .arg(digest)
+            .arg(toml)
+            .invoke_async::<u64>(&mut self.redis.conn())
+            .await
+            .map_err(|e| redis_error("apply config", &e))
+    }
+}
+
+async fn heartbeat_loop(cluster: Arc<RedisCluster>) {
+    let mut stop = cluster.stop.subscribe();
+    let mut tick = tokio::time::interval(cluster.options.heartbeat);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut known: Vec<String> = Vec::new();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let result = cluster
+            .scripts
+            .heartbeat
+            .key(cluster.redis.key(&["members"]))
+            .key(cluster.channel())
+            .arg(&cluster.id)
+            .arg(cluster.options.member_ttl.as_millis() as u64)
+            .invoke_async::<Vec<String>>(&mut cluster.redis.conn())
+            .await;
+        match result {
+            Ok(mut members) => {
+                if !cluster.healthy.swap(true, Ordering::Relaxed) {
+                    tracing::info!(worker = %cluster.id, "connected to the cluster");
+                    cluster.notify_local();
+                }
+                members.sort();
+                // Members that stop heartbeating leave no notice: notice it here.
+                if members != known {
+                    known = members;
+                    cluster.notify_local();
+                }
+            }
+            Err(e) => {
+                if cluster.healthy.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(worker = %cluster.id, error = %e, "lost the cluster store");
+                }
+            }
+        }
+    }
+}
+
+async fn notice_loop(cluster: Arc<RedisCluster>) {
+    let mut stop = cluster.stop.subscribe();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let subscribed = async {
+            let mut pubsub = cluster.redis.client.get_async_pubsub().await?;
+            pubsub.subscribe(cluster.channel()).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        match subscribed.await {
+            Ok(pubsub) => {
+                backoff = Duration::from_millis(100);
+                // Notices may have been missed while not subscribed.
+                cluster.notify_local();
+                let mut messages = pubsub.into_on_message();
+                loop {
+                    tokio::select! {
+                        message = messages.next() => match message {
+                            Some(_) => cluster.notify_local(),
+                            None => break,
+                        },
+                        _ = stop.changed() => return,
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot subscribe to notices"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.changed() => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+#[async_trait]
+impl Cluster for RedisCluster {
+    fn worker_id(&self) -> &str {
+        &self.id
+    }
+
+    fn lease_ttl(&self) -> Duration {
+        self.options.lease_ttl
+    }
+
+    fn notices(&self) -> watch::Receiver<u64> {
+        self.notices.subscribe()
+    }
+
+    fn healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    async fn members(&self) -> Result<Vec<String>, StoreError> {
+        self.scripts
+            .members
+            .key(self.redis.key(&["members"]))
+            .arg(self.options.member_ttl.as_millis() as u64)
+            .invoke_async::<Vec<String>>(&mut self.redis.conn())
+            .await
+            .map_err(|e| redis_error("members", &e))
+    }
+
+    async fn acquire(&self, task: &str) -> Result<Option<Lease>, StoreError> {
+        let epoch = self
+            .scripts
+            .acquire
+            .key(self.redis.key(&["lease", task]))
+            .key(self.redis.key(&["epoch", task]))
+            .arg(&self.id)
+            .arg(self.options.lease_ttl.as_millis() as u64)
+            .invoke_async::<i64>(&mut self.redis.conn())
+            .await
+            .map_err(|e| redis_error("acquire lease", &e))?;
+        Ok(u64::try_from(epoch).ok().map(|epoch| Lease {
+            task: task.to_string(),
+            epoch,
+        }))
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<bool, StoreError> {
+        self.scripts
+            .renew
+            .key(self.redis.key(&["lease", &lease.task]))
+            .arg(self.lease_value(lease))
+            .arg(self.options.lease_ttl.as_millis() as u64)
+            .invoke_async::<i64>(&mut self.redis.conn())
+            .await
+            .map(|r| r == 1)
+            .map_err(|e| redis_error("renew lease", &e))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.scripts
+            .release
+            .key(self.redis.key(&["lease", &lease.task]))
+            .arg(self.lease_value(lease))
+            .invoke_async::<i64>(&mut self.redis.conn())
+            .await
+            .map(|_| ())
+            .map_err(|e| redis_error("release lease", &e))
+    }
+
+    async fn control(&self) -> Result<Control, StoreError> {
+        let mut conn = self.redis.conn();
+        let paused: HashSet<String> = conn
+            .smembers(self.redis.key(&["paused"]))
+            .await
+            .map_err(|e| redis_error("read paused", &e))?;
+        let restarts: HashMap<String, u64> = conn
+            .hgetall(self.redis.key(&["restarts"]))
+            .await
+            .map_err(|e| redis_error("read restarts", &e))?;
+        Ok(Control { paused, restarts })
+    }
+
+    async fn set_paused(&self, id: &str, paused: bool) -> Result<(), StoreError> {
+        let key = self.redis.key(&["paused"]);
+        let mut conn = self.redis.conn();
+        let result = if paused {
+            conn.sadd::<_, _, i64>(key, id).await
+        } else {
+            conn.srem::<_, _, i64>(key, id).await
+        };
+        result.map_err(|e| redis_error("pause", &e))?;
+        self.publish("control").await
+    }
+
+    async fn request_restart(&self, id: &str) -> Result<(), StoreError> {
+        self.redis
+            .conn()
+            .hincr::<_, _, _, i64>(self.redis.key(&["restarts"]), id, 1)
+            .await
+            .map_err(|e| redis_error("restart", &e))?;
+        self.publish("control").await
+    }
+
+    async fn set_status(&self, status: Status) -> Result<(), StoreError> {
+        let json = serde_json::to_string(&status)
+            .map_err(|e| StoreError::Unavailable(format!("encode status: {e}")))?;
+        self.redis
+            .conn()
+            .hset::<_, _, _, i64>(self.redis.key(&["status"]), &status.id, json)
+            .await
+            .map(|_| ())
+            .map_err(|e| redis_error("write status", &e))
+    }
+
+    async fn statuses(&self) -> Result<Vec<Status>, StoreError> {
+        let map: HashMap<String, String> = self
+            .redis
+            .conn()
+            .hgetall(self.redis.key(&["status"]))
+            .await
+            .map_err(|e| redis_error("read status", &e))?;
+        let mut statuses: Vec<Status> = map
+            .values()
+            .filter_map(|json| serde_json::from_str(json).ok())
+            .collect();
+        statuses.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(statuses)
+    }
+
+    async fn leave(&self) {
+        let _ = self.stop.send(true);
+        let removed = self
+            .redis
+            .conn()
+            .zrem::<_, _, i64>(self.redis.key(&["members"]), &self.id)
+            .await;
+        if removed.is_ok() {
+            let _ = self.publish(&format!("leave:{}", self.id)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_ids_map_to_sequence_numbers() {
+        assert_eq!(entry_id(0), "0-1");
+        assert_eq!(seq_of("0-1"), Some(0));
+        assert_eq!(seq_of("0-42"), Some(41));
+        assert_eq!(seq_of("0-0"), None);
+        assert_eq!(seq_of("1700000000000-0"), None);
+    }
+}

@@ -1,0 +1,194 @@
+//! Distributed-mode benchmark (run by `make bench-cluster`; figures, not assertions):
+//! - takeover: SIGKILL a replica of three and time until all its tasks run elsewhere;
+//! - convergence: start a replica and time until the assignment has settled;
+//! - throughput: events/s accepted and delivered end to end with 1, 2 and 3 replicas.
+//!
+//! Uses the machine's Redis (127.0.0.1:6379, or SLUICE_E2E_REDIS) with a fresh key prefix.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sluice_tests::{binary, ids, shared_redis, Sluice};
+
+const SHARDS: u32 = 8;
+
+async fn view(s: &Sluice) -> Value {
+    reqwest::get(s.url("/admin/cluster"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn running(s: &Sluice) -> BTreeMap<String, String> {
+    view(s).await["statuses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["id"].as_str().unwrap().contains('#') && x["state"] == "RUNNING")
+        .map(|x| {
+            (
+                x["id"].as_str().unwrap().to_string(),
+                x["worker"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+async fn members(s: &Sluice) -> Vec<String> {
+    view(s).await["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Waits until every task runs on one of `live` and the member list is `live`.
+async fn settled(s: &Sluice, live: &HashSet<String>) -> Duration {
+    let started = Instant::now();
+    loop {
+        let m: HashSet<String> = members(s).await.into_iter().collect();
+        let r = running(s).await;
+        if &m == live && r.len() == SHARDS as usize && r.values().all(|w| live.contains(w)) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no convergence"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn worker_of(s: &Sluice) -> String {
+    std::fs::read_to_string(s.data_dir().join("worker-id"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+async fn takeover(rounds: usize) {
+    let (url, prefix) = shared_redis("bench-takeover");
+    let start = || {
+        Sluice::builder()
+            .distributed(&url, &prefix)
+            .shards(SHARDS)
+            .start()
+    };
+    let mut replicas = [start().await, start().await, start().await];
+    let mut live: HashSet<String> = replicas.iter().map(worker_of).collect();
+    settled(&replicas[0], &live).await;
+    let mut takeovers = Vec::new();
+    let mut joins = Vec::new();
+    for round in 0..rounds {
+        let victim = 1 + round % 2;
+        let id = worker_of(&replicas[victim]);
+        replicas[victim].kill9();
+        let killed_at = Instant::now();
+        live.remove(&id);
+        settled(&replicas[0], &live).await;
+        takeovers.push(killed_at.elapsed().as_secs_f64());
+        replicas[victim].restart().await;
+        live.insert(id);
+        let joined = settled(&replicas[0], &live).await;
+        joins.push(joined.as_secs_f64());
+    }
+    takeovers.sort_by(f64::total_cmp);
+    joins.sort_by(f64::total_cmp);
+    println!(
+        "takeover after SIGKILL ({rounds} rounds, 3 replicas, {SHARDS} tasks, default TTLs): p50 {:.2} s, p99 {:.2} s, max {:.2} s",
+        percentile(&takeovers, 0.5),
+        percentile(&takeovers, 0.99),
+        takeovers[takeovers.len() - 1]
+    );
+    println!(
+        "rebalance convergence after a join (restarted replica ready → all tasks settled): p50 {:.2} s, p99 {:.2} s",
+        percentile(&joins, 0.5),
+        percentile(&joins, 0.99)
+    );
+}
+
+async fn throughput(replicas: usize, events: usize) -> (f64, f64) {
+    let (url, prefix) = shared_redis(&format!("bench-tput-{replicas}"));
+    let mut nodes = Vec::new();
+    for _ in 0..replicas {
+        nodes.push(
+            Sluice::builder()
+                .distributed(&url, &prefix)
+                .shards(SHARDS)
+                .start()
+                .await,
+        );
+    }
+    let live: HashSet<String> = nodes.iter().map(worker_of).collect();
+    settled(&nodes[0], &live).await;
+    let urls: Arc<Vec<String>> = Arc::new(nodes.iter().map(|n| n.events_url()).collect());
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let mut posters = Vec::new();
+    let concurrency = 32;
+    for p in 0..concurrency {
+        let urls = urls.clone();
+        let client = client.clone();
+        posters.push(tokio::spawn(async move {
+            let mut ok = 0usize;
+            for i in (p..events).step_by(concurrency) {
+                let body = format!(r#"{{"n":{i},"pad":"{}"}}"#, "x".repeat(900));
+                let r = binary(&client, &urls[i % urls.len()], &format!("t-{i}"), &body)
+                    .send()
+                    .await;
+                if matches!(r, Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED) {
+                    ok += 1;
+                }
+            }
+            ok
+        }));
+    }
+    let mut accepted = 0;
+    for p in posters {
+        accepted += p.await.unwrap();
+    }
+    let accept_secs = started.elapsed().as_secs_f64();
+    loop {
+        let delivered: HashSet<String> = nodes.iter().flat_map(|n| ids(&n.delivered())).collect();
+        if delivered.len() >= accepted {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "delivery stalled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let total_secs = started.elapsed().as_secs_f64();
+    (accepted as f64 / accept_secs, accepted as f64 / total_secs)
+}
+
+#[tokio::main]
+async fn main() {
+    let rounds = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(10);
+    let events = std::env::var("EVENTS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(20_000);
+    takeover(rounds).await;
+    for replicas in 1..=3 {
+        let (accept, end_to_end) = throughput(replicas, events).await;
+        println!(
+            "{replicas} replica(s): {accept:.0} events/s accepted, {end_to_end:.0} events/s delivered end to end ({events} events of ~1 KiB, 32 concurrent producers, one machine)"
+        );
+    }
+}
