@@ -275,3 +275,101 @@ pub fn attribute(event: &Event, name: &str) -> Option<String> {
         },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::{Channels, Config};
+
+    const TEXT: &str = r#"
+[[buses]]
+name = "b"
+[[buses]]
+name = "dlq"
+[[rules]]
+name = "r"
+bus = "b"
+[[rules.targets]]
+type = "http"
+name = "h"
+url = "http://127.0.0.1:9/hook"
+timeout = "1500ms"
+signing_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+auth = { type = "bearer", token = "env:TOKEN" }
+circuit_breaker = { failures = 3, open_for = "2s" }
+[rules.targets.retry]
+max_attempts = 5
+max_event_age = "1h"
+initial_backoff = "50ms"
+[rules.targets.dead_letter]
+bus = "dlq"
+[[rules.targets]]
+type = "rocketmq"
+name = "mq"
+name_server = "127.0.0.1:9876"
+topic = "Orders"
+tag_attribute = "type"
+[[rules.targets]]
+type = "redis-stream"
+name = "rs"
+stream = "s"
+[[rules.targets]]
+type = "function"
+name = "fn"
+url = "http://127.0.0.1:9/fn"
+reply_bus = "b"
+[[rules.targets]]
+type = "bus"
+name = "copy"
+bus = "dlq"
+"#;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        let c = Config::parse(Path::new("t.toml"), text).map_err(|e| e.to_string())?;
+        c.check(Path::new("t.toml"), text)
+            .map_err(|e| e.to_string())?;
+        Ok(c)
+    }
+
+    #[test]
+    fn target_configs_round_trip_through_toml() {
+        let c = parse(TEXT).unwrap();
+        let stored = c.channels().to_toml().unwrap();
+        let back = Channels::from_toml(&stored).unwrap();
+        assert_eq!(back.to_toml().unwrap(), stored);
+        assert!(stored.contains("1500ms"), "{stored}");
+    }
+
+    #[test]
+    fn bad_target_configs_are_refused_with_clear_messages() {
+        for (from, to, expect) in [
+            (
+                "url = \"http://127.0.0.1:9/hook\"",
+                "url = \"ftp://x\"",
+                "must be http or https",
+            ),
+            ("whsec_MfKQ", "wh_MfKQ", "must start with `whsec_`"),
+            (
+                "bus = \"dlq\"\n[[rules.targets]]\ntype = \"rocketmq\"",
+                "bus = \"nope\"\n[[rules.targets]]\ntype = \"rocketmq\"",
+                "dead_letter.bus `nope` is not defined",
+            ),
+            ("topic = \"Orders\"", "topic = \"a b\"", "topic `a b`"),
+            (
+                "reply_bus = \"b\"",
+                "reply_bus = \"x\"",
+                "reply_bus `x` is not defined",
+            ),
+            (
+                "max_attempts = 5",
+                "max_attempts = 5\nmax_attempt = 1",
+                "unknown field `max_attempt`",
+            ),
+        ] {
+            let text = TEXT.replacen(from, to, 1);
+            let err = parse(&text).unwrap_err();
+            assert!(err.contains(expect), "{expect}: {err}");
+        }
+    }
+}
