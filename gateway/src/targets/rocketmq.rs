@@ -10,6 +10,7 @@
 //! Client: `rocketmq-client-rust` (remoting protocol), which talks to the Rust broker
 //! directly; the Apache 5.x client is gRPC-only and would need a proxy.
 
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -158,9 +159,26 @@ pub fn client_runtime() -> Result<Arc<ClientRuntime>, TargetError> {
     }
 }
 
+/// Started producers by (name server, group). A configuration change rebuilds targets; the
+/// new target reuses the producer instead of registering its group a second time.
+type SharedProducer = Arc<OnceCell<Arc<DefaultMQProducer>>>;
+static PRODUCERS: OnceLock<std::sync::Mutex<HashMap<(String, String), SharedProducer>>> =
+    OnceLock::new();
+
+fn shared_producer(name_server: &str, group: &str) -> SharedProducer {
+    let mut producers = PRODUCERS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    producers
+        .entry((name_server.to_string(), group.to_string()))
+        .or_default()
+        .clone()
+}
+
 pub struct RocketMqTarget {
     config: RocketMqConfig,
-    producer: OnceCell<Arc<DefaultMQProducer>>,
+    producer: SharedProducer,
     queues: Mutex<Option<(Vec<MessageQueue>, Instant)>>,
     in_flight: Arc<Semaphore>,
 }
@@ -171,9 +189,13 @@ const QUEUES_TTL: Duration = Duration::from_secs(30);
 impl RocketMqTarget {
     pub fn new(config: &RocketMqConfig) -> Result<RocketMqTarget, TargetError> {
         config.check().map_err(TargetError::fatal)?;
+        let group = config
+            .producer_group
+            .clone()
+            .unwrap_or_else(|| format!("sluice-{}", config.name));
         Ok(RocketMqTarget {
+            producer: shared_producer(&config.name_server, &group),
             config: config.clone(),
-            producer: OnceCell::new(),
             queues: Mutex::new(None),
             in_flight: Arc::new(Semaphore::new(config.max_in_flight)),
         })
