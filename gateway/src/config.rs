@@ -206,6 +206,10 @@ impl Default for StoreConfig {
 pub struct DeliveryConfig {
     /// Most events a task reads and hands to its target at once.
     pub batch_size: usize,
+    /// How long a task lets new events gather after being woken, so that under load it
+    /// delivers batches instead of single events (costs this much delivery latency).
+    #[serde(deserialize_with = "duration")]
+    pub linger: Duration,
     /// How often delivered positions are committed to the store.
     #[serde(deserialize_with = "duration")]
     pub commit_interval: Duration,
@@ -220,6 +224,7 @@ impl Default for DeliveryConfig {
     fn default() -> Self {
         DeliveryConfig {
             batch_size: 256,
+            linger: Duration::from_millis(2),
             commit_interval: Duration::from_millis(200),
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(30),

@@ -483,6 +483,9 @@ impl Task {
                         _ = self.stop.changed() => return,
                         _ = sleep_or_forever(poll) => {}
                     }
+                    if !self.delivery.linger.is_zero() {
+                        tokio::time::sleep(self.delivery.linger).await;
+                    }
                     continue;
                 };
                 idle = Duration::from_millis(5);
