@@ -335,6 +335,52 @@ impl Sluice {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
+
+    /// `GET /admin/cluster`: members, connector and task status (any replica answers).
+    pub async fn cluster_view(&self) -> Value {
+        reqwest::get(self.url("/admin/cluster"))
+            .await
+            .expect("GET /admin/cluster")
+            .json()
+            .await
+            .expect("cluster view JSON")
+    }
+
+    /// Waits (20 s at most) until the cluster has `n` live members.
+    pub async fn wait_members(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let view = self.cluster_view().await;
+            if view["members"].as_array().map(Vec::len) == Some(n) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cluster never had {n} members: {view}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Task id → worker, for the tasks reported RUNNING.
+    pub async fn running_tasks(&self) -> std::collections::BTreeMap<String, String> {
+        let view = self.cluster_view().await;
+        view["statuses"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter(|s| {
+                s["id"].as_str().is_some_and(|id| id.contains('#')) && s["state"] == "RUNNING"
+            })
+            .filter_map(|s| {
+                Some((
+                    s["id"].as_str()?.to_string(),
+                    s["worker"].as_str()?.to_string(),
+                ))
+            })
+            .collect()
+    }
 }
 
 impl Drop for Sluice {

@@ -6,53 +6,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
-use serde_json::Value;
 use sluice::runtime::cluster::Cluster;
 use sluice::runtime::rebalance::{assign, Strategy};
 use sluice::store::redis::{ClusterOptions, Redis, RedisCluster, RedisPositions};
 use sluice::store::PositionStore;
 use sluice_tests::{ids, post_spread, shared_redis, RedisServer, Sluice};
-
-async fn cluster_view(sluice: &Sluice) -> Value {
-    reqwest::get(sluice.url("/admin/cluster"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
-async fn wait_members(sluice: &Sluice, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let view = cluster_view(sluice).await;
-        if view["members"].as_array().map(Vec::len) == Some(n) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "cluster never had {n} members: {view}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Task id → worker, for tasks reported RUNNING.
-async fn running_tasks(sluice: &Sluice) -> BTreeMap<String, String> {
-    let view = cluster_view(sluice).await;
-    view["statuses"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["id"].as_str().unwrap().contains('#') && s["state"] == "RUNNING")
-        .map(|s| {
-            (
-                s["id"].as_str().unwrap().to_string(),
-                s["worker"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect()
-}
 
 /// Waits until every acknowledged id shows up in some replica's delivered file, then
 /// returns (delivered lines, distinct ids).
@@ -81,7 +39,7 @@ async fn three_replicas_deliver_every_event_through_a_kill_and_a_join() {
     let a = start().await;
     let mut b = start().await;
     let c = start().await;
-    wait_members(&a, 3).await;
+    a.wait_members(3).await;
 
     let urls: Vec<String> = [&a, &b, &c].iter().map(|s| s.events_url()).collect();
     let mut acked: HashSet<String> = post_spread(&urls, "before", 300)
@@ -104,11 +62,11 @@ async fn three_replicas_deliver_every_event_through_a_kill_and_a_join() {
         lines - distinct
     );
     // Once converged, every task runs on exactly one live worker.
-    wait_members(&a, 3).await;
+    a.wait_members(3).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let running = running_tasks(&a).await;
-        let live: HashSet<String> = cluster_view(&a).await["members"]
+        let running = a.running_tasks().await;
+        let live: HashSet<String> = a.cluster_view().await["members"]
             .as_array()
             .unwrap()
             .iter()
@@ -130,7 +88,7 @@ async fn a_paused_worker_does_not_deliver_once_its_tasks_moved() {
     let (url, prefix) = shared_redis("pause");
     let a = Sluice::builder().distributed(&url, &prefix).start().await;
     let b = Sluice::builder().distributed(&url, &prefix).start().await;
-    wait_members(&a, 2).await;
+    a.wait_members(2).await;
     let warmup: HashSet<String> = post_spread(&[a.events_url(), b.events_url()], "warm", 40)
         .await
         .into_iter()
@@ -158,7 +116,7 @@ async fn a_paused_worker_does_not_deliver_once_its_tasks_moved() {
     );
 
     // And the cluster goes on with both.
-    wait_members(&a, 2).await;
+    a.wait_members(2).await;
     let later: HashSet<String> = post_spread(&[a.events_url(), b.events_url()], "later", 40)
         .await
         .into_iter()
@@ -237,10 +195,10 @@ async fn consistent_hash_moves_about_one_in_four_tasks_when_a_fourth_worker_join
     let a = start().await;
     let _b = start().await;
     let _c = start().await;
-    wait_members(&a, 3).await;
+    a.wait_members(3).await;
     let before = converged(&a, 48).await;
     let _d = start().await;
-    wait_members(&a, 4).await;
+    a.wait_members(4).await;
     let after = converged(&a, 48).await;
     let moved: Vec<&String> = before
         .iter()
@@ -264,7 +222,7 @@ async fn consistent_hash_moves_about_one_in_four_tasks_when_a_fourth_worker_join
 async fn converged(sluice: &Sluice, tasks: u32) -> BTreeMap<String, String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let view = cluster_view(sluice).await;
+        let view = sluice.cluster_view().await;
         let members: Vec<String> = view["members"]
             .as_array()
             .unwrap()
@@ -278,7 +236,7 @@ async fn converged(sluice: &Sluice, tasks: u32) -> BTreeMap<String, String> {
             .into_iter()
             .map(|(t, w)| (t.to_string(), w))
             .collect();
-        let running = running_tasks(sluice).await;
+        let running = sluice.running_tasks().await;
         if running == expected {
             return running;
         }
@@ -307,7 +265,7 @@ async fn fenced_commit_is_refused_after_the_lease_moved() {
     assert!(b.acquire("sub#0").await.unwrap().is_none(), "held by a");
 
     let positions_a = RedisPositions::new(redis.clone(), "worker-a");
-    positions_a.own("sub", 0, Some(lease_a.epoch));
+    positions_a.own("sub", 0, &lease_a);
     positions_a.set("sub", 0, 5);
     assert!(positions_a.flush().await.unwrap().is_empty());
     assert_eq!(positions_a.committed("sub", 0).await.unwrap(), Some(5));
@@ -319,7 +277,7 @@ async fn fenced_commit_is_refused_after_the_lease_moved() {
 
     positions_a.set("sub", 0, 9);
     let fenced = positions_a.flush().await.unwrap();
-    assert_eq!(fenced, vec![("sub".to_string(), 0)]);
+    assert_eq!(fenced, vec![lease_a.task.clone()]);
     assert_eq!(
         positions_a.committed("sub", 0).await.unwrap(),
         Some(5),
@@ -331,7 +289,7 @@ async fn fenced_commit_is_refused_after_the_lease_moved() {
     );
 
     let positions_b = RedisPositions::new(redis, "worker-b");
-    positions_b.own("sub", 0, Some(lease_b.epoch));
+    positions_b.own("sub", 0, &lease_b);
     positions_b.set("sub", 0, 7);
     assert!(positions_b.flush().await.unwrap().is_empty());
     assert_eq!(positions_b.committed("sub", 0).await.unwrap(), Some(7));
@@ -353,7 +311,7 @@ async fn pause_resume_and_restart_a_connector_from_any_replica() {
         .shards(2)
         .start()
         .await;
-    wait_members(&a, 2).await;
+    a.wait_members(2).await;
     let client = reqwest::Client::new();
     let connector = "default/all-events/delivered";
     let act = |sluice: &Sluice, action: &str| {
@@ -368,7 +326,7 @@ async fn pause_resume_and_restart_a_connector_from_any_replica() {
     );
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let view = cluster_view(&a).await;
+        let view = a.cluster_view().await;
         let paused = view["statuses"]
             .as_array()
             .unwrap()
