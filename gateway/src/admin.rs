@@ -26,6 +26,11 @@ pub fn routes() -> Router<Arc<IngressState>> {
             "/admin/tasks/{bus}/{rule}/{target}/{shard}/{action}",
             post(task_action),
         )
+        .route("/admin/sources/{name}/{action}", post(source_action))
+        .route(
+            "/admin/sources/{name}/tasks/{index}/{action}",
+            post(source_task_action),
+        )
 }
 
 async fn cluster(State(state): State<Arc<IngressState>>) -> Response {
@@ -62,6 +67,20 @@ async fn task_action(
         &action,
     )
     .await
+}
+
+async fn source_action(
+    State(state): State<Arc<IngressState>>,
+    Path((name, action)): Path<(String, String)>,
+) -> Response {
+    act(&state, &format!("source/{name}"), &action).await
+}
+
+async fn source_task_action(
+    State(state): State<Arc<IngressState>>,
+    Path((name, index, action)): Path<(String, u32, String)>,
+) -> Response {
+    act(&state, &task_id(&format!("source/{name}"), index), &action).await
 }
 
 async fn act(state: &IngressState, id: &str, action: &str) -> Response {

@@ -17,7 +17,7 @@ use crate::rules::{compile_transform, Filter};
 use crate::runtime::cluster::{Cluster, LocalCluster};
 use crate::runtime::delivery::Delivery;
 use crate::runtime::{Plan, Subscription, Worker, WorkerOptions};
-use crate::sources::Sources;
+use crate::sources::Source;
 use crate::store::embedded::{DataDir, LogOptions};
 use crate::store::redis::{ClusterOptions, Redis, RedisCluster, RedisLog, RedisPositions};
 use crate::store::{BusLog, PositionStore, StoreError};
@@ -97,7 +97,6 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
                 plan.clone(),
                 worker_options(&config),
             );
-            let sources = Sources::start(&config.sources, &plan.logs, positions);
             let state = Arc::new(IngressState::new(
                 plan.logs.clone(),
                 config.limits.clone(),
@@ -106,18 +105,12 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             announce(&config, &listener, data.path(), &id);
             crate::server::serve(listener, ingress::router(state), &config.limits, wait_stop).await;
             tracing::info!("ingress stopped; finishing deliveries");
-            sources.shutdown().await;
             worker.shutdown().await;
             for log in &embedded {
                 log.close().await;
             }
         }
         Mode::Distributed => {
-            if !config.sources.is_empty() {
-                tracing::warn!(
-                    "source connectors run in standalone mode only for now: [[sources]] ignored"
-                );
-            }
             let url = config.redis_url.clone().ok_or_else(|| {
                 StartError::Config("distributed mode needs redis_url".to_string())
             })?;
@@ -284,9 +277,17 @@ fn build_plan(
             }));
         }
     }
+    let mut sources = Vec::new();
+    for source in &channels.sources {
+        // Checked with the configuration: the bus exists.
+        if let Some(log) = logs.get(source.bus()) {
+            sources.push(Arc::new(Source::new(source.clone(), log.clone())));
+        }
+    }
     Ok(Plan {
         version,
         subscriptions,
+        sources,
         logs,
     })
 }

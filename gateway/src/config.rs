@@ -438,6 +438,8 @@ pub struct Channels {
     pub buses: Vec<BusConfig>,
     #[serde(default)]
     pub rules: Vec<RuleConfig>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<crate::sources::SourceConfig>,
 }
 
 impl Channels {
@@ -724,6 +726,7 @@ impl Config {
         Channels {
             buses: self.buses.clone(),
             rules: self.rules.clone(),
+            sources: self.sources.clone(),
         }
     }
 

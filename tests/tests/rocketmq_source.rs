@@ -2,13 +2,19 @@
 //! events, other messages are wrapped, and positions survive a restart (kept in the store).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
+use std::collections::{BTreeSet, HashSet};
+use std::time::{Duration, Instant};
 
 use rocketmq_model::common::message::message_single::Message;
+use serde_json::Value;
 use sluice_tests::rocketmq::RocketMq;
-use sluice_tests::{ids, Sluice};
+use sluice_tests::{ids, shared_redis, Sluice};
 
 fn source(name_server: &str, topic: &str) -> String {
+    source_with_tasks(name_server, topic, 1)
+}
+
+fn source_with_tasks(name_server: &str, topic: &str, tasks: u32) -> String {
     format!(
         r#"
 [[sources]]
@@ -18,6 +24,7 @@ name_server = "{name_server}"
 topic = "{topic}"
 bus = "default"
 wrap_type = "com.example.legacy"
+tasks = {tasks}
 "#
     )
 }
@@ -110,4 +117,133 @@ async fn rocketmq_source_maps_cloudevents_wraps_others_and_resumes_from_stored_p
         "no message read twice after a clean restart: {:?}",
         ids(&events)
     );
+}
+
+/// The `plain` numbers delivered by any of the replicas, and how many lines carried one.
+fn plain_numbers(replicas: &[&Sluice]) -> (BTreeSet<u64>, usize) {
+    let events: Vec<Value> = replicas.iter().flat_map(|r| r.delivered()).collect();
+    let numbers: Vec<u64> = events
+        .iter()
+        .filter_map(|e| e["data"]["plain"].as_u64())
+        .collect();
+    (numbers.iter().copied().collect(), numbers.len())
+}
+
+async fn wait_plain(replicas: &[&Sluice], count: u64) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (seen, lines) = plain_numbers(replicas);
+        if (0..count).all(|i| seen.contains(&i)) {
+            return lines;
+        }
+        let missing: Vec<u64> = (0..count).filter(|i| !seen.contains(i)).take(10).collect();
+        assert!(
+            Instant::now() < deadline,
+            "messages never delivered (first missing: {missing:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The replicas' running source tasks: task id → worker.
+async fn source_tasks(sluice: &Sluice) -> Vec<(String, String)> {
+    sluice
+        .running_tasks()
+        .await
+        .into_iter()
+        .filter(|(id, _)| id.starts_with("source/mq-in#"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rocketmq_source_queues_are_tasks_spread_over_replicas_and_taken_over_after_a_kill() {
+    let mq = RocketMq::start().await;
+    let topic = "SluiceSourceSpread";
+    mq.ensure_topic(topic).await;
+    let producer = mq.producer("source-spread-producer").await;
+    let (url, prefix) = shared_redis("source-spread");
+    let config = source_with_tasks(&mq.name_server(), topic, 4);
+    let start = || {
+        Sluice::builder()
+            .distributed(&url, &prefix)
+            .extra(&config)
+            .start()
+    };
+    let mut a = start().await;
+    let b = start().await;
+    b.wait_members(2).await;
+
+    // All four tasks run, spread over both replicas (sorted-hash of 4 source tasks and 4
+    // delivery tasks over 2 workers), each on one worker.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let tasks = loop {
+        let tasks = source_tasks(&b).await;
+        let workers: HashSet<&String> = tasks.iter().map(|(_, w)| w).collect();
+        if tasks.len() == 4 && workers.len() == 2 {
+            break tasks;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "source tasks not spread over both replicas: {tasks:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!("source tasks: {tasks:?}");
+
+    for i in 0..200 {
+        producer.send(plain(topic, i)).await.unwrap();
+    }
+    wait_plain(&[&a, &b], 200).await;
+
+    // Kill one replica: its queues move to the other, which resumes from the committed
+    // positions (re-reading at most what was not committed).
+    a.kill9();
+    for i in 200..400 {
+        producer.send(plain(topic, i)).await.unwrap();
+    }
+    let lines = wait_plain(&[&a, &b], 400).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let tasks = source_tasks(&b).await;
+        let workers: HashSet<&String> = tasks.iter().map(|(_, w)| w).collect();
+        if tasks.len() == 4 && workers.len() == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the survivor never took every source task: {tasks:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "400 messages, {lines} delivered lines, {} duplicates",
+        lines - 400
+    );
+    // At least once, and a kill re-reads at most the uncommitted tail, not the topic.
+    assert!(lines < 600, "{lines} lines for 400 messages");
+
+    // Paused from the admin API, the source reads nothing; resumed, it catches up.
+    let client = reqwest::Client::new();
+    let act = |action: &str| {
+        client
+            .post(b.url(&format!("/admin/sources/mq-in/{action}")))
+            .send()
+    };
+    assert_eq!(act("pause").await.unwrap().status(), 202);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !source_tasks(&b).await.is_empty() {
+        assert!(Instant::now() < deadline, "source tasks never stopped");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in 400..450 {
+        producer.send(plain(topic, i)).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (seen, _) = plain_numbers(&[&a, &b]);
+    assert!(
+        !(400..450).any(|i| seen.contains(&i)),
+        "a paused source delivered"
+    );
+    assert_eq!(act("resume").await.unwrap().status(), 202);
+    wait_plain(&[&a, &b], 450).await;
 }

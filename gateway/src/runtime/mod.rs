@@ -1,7 +1,7 @@
 //! The delivery runtime, after RocketMQ Connect's worker. Each (rule, target) pair is a
 //! subscription (a connector); each shard of its bus is a task. A worker runs a reconcile
 //! loop on every change notice and on a tick: it computes the assignment of all tasks over
-//! the live workers with the configured strategy, takes a lease for each of its own tasks
+//! the live workers with the configured strategy, source connectors' tasks included, takes a lease for each of its own tasks
 //! before starting it, renews its leases, stops what moved away, and commits positions in
 //! fenced batches. A task reads its shard from its position, filters, delivers in order and
 //! records the new position; a failing target stalls only its own subscription.
@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use crate::config::DeliveryConfig;
 use crate::ingress::cloudevent;
 use crate::rules::Filter;
+use crate::sources::{Source, SourceTask};
 use crate::store::{BusLog, PositionStore, Record, Seq, StoreError};
 use crate::targets::{Body, Envelope, Target};
 use cluster::{now_ms, task_id, Cluster, Control, Lease, State, Status};
@@ -44,21 +45,64 @@ pub struct Subscription {
 pub struct Plan {
     pub version: u64,
     pub subscriptions: Vec<Arc<Subscription>>,
+    pub sources: Vec<Arc<Source>>,
     pub logs: HashMap<String, Arc<dyn BusLog>>,
 }
 
+/// What a task does: deliver one shard of a subscription, or run one part of a source.
+#[derive(Clone)]
+enum TaskKind {
+    Deliver { sub: Arc<Subscription>, shard: u32 },
+    Source { source: Arc<Source>, index: u32 },
+}
+
+impl TaskKind {
+    /// The connector the task belongs to (pause, restart and status go by it).
+    fn connector(&self) -> &str {
+        match self {
+            TaskKind::Deliver { sub, .. } => &sub.id,
+            TaskKind::Source { source, .. } => &source.id,
+        }
+    }
+}
+
 impl Plan {
-    /// Every task of the plan: task id → (subscription, shard).
-    fn tasks(&self) -> BTreeMap<String, (Arc<Subscription>, u32)> {
+    /// Every task of the plan by task id.
+    fn tasks(&self) -> BTreeMap<String, TaskKind> {
         let mut tasks = BTreeMap::new();
         for sub in &self.subscriptions {
             if let Some(log) = self.logs.get(&sub.bus) {
                 for shard in 0..log.shards() {
-                    tasks.insert(task_id(&sub.id, shard), (sub.clone(), shard));
+                    tasks.insert(
+                        task_id(&sub.id, shard),
+                        TaskKind::Deliver {
+                            sub: sub.clone(),
+                            shard,
+                        },
+                    );
                 }
             }
         }
+        for source in &self.sources {
+            for index in 0..source.config.tasks() {
+                tasks.insert(
+                    task_id(&source.id, index),
+                    TaskKind::Source {
+                        source: source.clone(),
+                        index,
+                    },
+                );
+            }
+        }
         tasks
+    }
+
+    /// Every connector id: subscriptions and sources.
+    fn connectors(&self) -> impl Iterator<Item = &str> {
+        self.subscriptions
+            .iter()
+            .map(|s| s.id.as_str())
+            .chain(self.sources.iter().map(|s| s.id.as_str()))
     }
 
     /// Gives every subscription without a position the current end of its bus, so it
@@ -129,8 +173,7 @@ impl Worker {
 }
 
 struct Running {
-    sub: Arc<Subscription>,
-    shard: u32,
+    kind: TaskKind,
     lease: Lease,
     plan_version: u64,
     generation: u64,
@@ -212,9 +255,9 @@ impl WorkerLoop {
             .iter()
             .filter(|(id, r)| {
                 !mine(id)
-                    || control.is_paused(&r.sub.id, id)
+                    || control.is_paused(r.kind.connector(), id)
                     || r.plan_version != plan.version
-                    || r.generation != control.generation(&r.sub.id, id)
+                    || r.generation != control.generation(r.kind.connector(), id)
                     || r.handle.is_finished()
             })
             .map(|(id, _)| id.clone())
@@ -224,87 +267,95 @@ impl WorkerLoop {
             self.stop_tasks(&stale, State::Unassigned).await;
         }
 
-        for (id, (sub, shard)) in &tasks {
+        for (id, kind) in &tasks {
             if !mine(id) || self.running.contains_key(id) {
                 continue;
             }
-            if control.is_paused(&sub.id, id) {
+            if control.is_paused(kind.connector(), id) {
                 self.status(id, State::Paused, None).await;
                 continue;
             }
             match self.cluster.acquire(id).await {
-                Ok(Some(lease)) => {
-                    self.start_task(&plan, &control, sub.clone(), *shard, lease)
-                        .await
-                }
+                Ok(Some(lease)) => self.start_task(&plan, &control, kind.clone(), lease).await,
                 // Its previous owner still holds it; its lease lapses or is released soon.
                 Ok(None) => {}
                 Err(e) => tracing::warn!(task = %id, error = %e, "cannot take the task's lease"),
             }
         }
-        for sub in &plan.subscriptions {
-            let first = task_id(&sub.id, 0);
-            if mine(&first) {
-                let state = if control.paused.contains(&sub.id) {
+        for connector in plan.connectors() {
+            if mine(&task_id(connector, 0)) {
+                let state = if control.paused.contains(connector) {
                     State::Paused
                 } else {
                     State::Running
                 };
-                self.status(&sub.id, state, None).await;
+                self.status(connector, state, None).await;
             }
         }
     }
 
-    async fn start_task(
-        &mut self,
-        plan: &Plan,
-        control: &Control,
-        sub: Arc<Subscription>,
-        shard: u32,
-        lease: Lease,
-    ) {
+    async fn start_task(&mut self, plan: &Plan, control: &Control, kind: TaskKind, lease: Lease) {
         let id = lease.task.clone();
-        let Some(log) = plan.logs.get(&sub.bus).cloned() else {
-            return;
-        };
-        self.positions.own(&sub.id, shard, Some(lease.epoch));
-        let from = match self.positions.load(&sub.id, shard).await {
-            Ok(p) => p.unwrap_or(0),
-            Err(e) => {
-                tracing::warn!(task = %id, error = %e, "cannot load the task's position; retrying on the next tick");
-                self.positions.own(&sub.id, shard, None);
-                let _ = self.cluster.release(&lease).await;
-                return;
-            }
-        };
         let valid_until = Arc::new(AtomicU64::new(
             now_ms() + lease_margin(self.cluster.lease_ttl()),
         ));
         let (stop, stop_rx) = watch::channel(false);
-        let task = Task {
-            sub: sub.clone(),
-            shard,
-            log,
-            positions: self.positions.clone(),
-            delivery: self.options.delivery.clone(),
-            stop: stop_rx,
-            valid_until: valid_until.clone(),
-            cluster: self.cluster.clone(),
-            id: id.clone(),
+        let handle = match &kind {
+            TaskKind::Deliver { sub, shard } => {
+                let shard = *shard;
+                let Some(log) = plan.logs.get(&sub.bus).cloned() else {
+                    let _ = self.cluster.release(&lease).await;
+                    return;
+                };
+                self.positions.own(&sub.id, shard, &lease);
+                let from = match self.positions.load(&sub.id, shard).await {
+                    Ok(p) => p.unwrap_or(0),
+                    Err(e) => {
+                        tracing::warn!(task = %id, error = %e, "cannot load the task's position; retrying on the next tick");
+                        self.positions.disown(&id);
+                        let _ = self.cluster.release(&lease).await;
+                        return;
+                    }
+                };
+                let task = Task {
+                    sub: sub.clone(),
+                    shard,
+                    log,
+                    positions: self.positions.clone(),
+                    delivery: self.options.delivery.clone(),
+                    stop: stop_rx,
+                    valid_until: valid_until.clone(),
+                    cluster: self.cluster.clone(),
+                    id: id.clone(),
+                };
+                tracing::info!(task = %id, epoch = lease.epoch, from, worker = %self.cluster.worker_id(), "task started");
+                tokio::spawn(task.run(from))
+            }
+            TaskKind::Source { source, index } => {
+                let task = SourceTask {
+                    source: source.clone(),
+                    index: *index,
+                    lease: lease.clone(),
+                    positions: self.positions.clone(),
+                    cluster: self.cluster.clone(),
+                    valid_until: valid_until.clone(),
+                    stop: stop_rx,
+                };
+                tracing::info!(task = %id, epoch = lease.epoch, worker = %self.cluster.worker_id(), "source task started");
+                tokio::spawn(task.run())
+            }
         };
-        tracing::info!(task = %id, epoch = lease.epoch, from, worker = %self.cluster.worker_id(), "task started");
         self.status(&id, State::Running, None).await;
         self.running.insert(
             id.clone(),
             Running {
-                generation: control.generation(&sub.id, &id),
-                sub,
-                shard,
+                generation: control.generation(kind.connector(), &id),
+                kind,
                 lease,
                 plan_version: plan.version,
                 valid_until,
                 stop,
-                handle: tokio::spawn(task.run(from)),
+                handle,
             },
         );
     }
@@ -326,7 +377,7 @@ impl WorkerLoop {
         }
         self.commit().await;
         for (id, r) in stopped {
-            self.positions.own(&r.sub.id, r.shard, None);
+            self.positions.disown(&id);
             // Status first: once the lease is free the next owner reports RUNNING.
             self.status(&id, state, None).await;
             if let Err(e) = self.cluster.release(&r.lease).await {
@@ -359,8 +410,7 @@ impl WorkerLoop {
     async fn commit(&mut self) {
         match self.positions.flush().await {
             Ok(fenced) => {
-                for (sub, shard) in fenced {
-                    let id = task_id(&sub, shard);
+                for id in fenced {
                     if let Some(r) = self.running.get(&id) {
                         tracing::warn!(task = %id, "position commit refused: the task moved; stopping it");
                         r.valid_until.store(0, Ordering::Relaxed);
@@ -378,7 +428,10 @@ impl WorkerLoop {
         let mut shards: Vec<(String, u32)> = self
             .running
             .values()
-            .map(|r| (r.sub.bus.clone(), r.shard))
+            .filter_map(|r| match &r.kind {
+                TaskKind::Deliver { sub, shard } => Some((sub.bus.clone(), *shard)),
+                TaskKind::Source { .. } => None,
+            })
             .collect();
         shards.sort();
         shards.dedup();

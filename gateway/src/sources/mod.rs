@@ -1,18 +1,21 @@
-//! Source connectors: how events enter a bus other than HTTP. Each source runs as a task
-//! that keeps its read positions in the same position store as the subscriptions.
+//! Source connectors: how events enter a bus other than HTTP. A source is a connector like
+//! a subscription: its work is split into tasks (for RocketMQ, the topic's queues spread over
+//! `tasks` tasks) that the workers assign, lease and take over like every other task. Read
+//! positions live in the same position store and their commits are fenced by the task's
+//! lease, so a source task that moved away can neither commit nor keep appending.
 
 pub mod rocketmq;
 
-use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
+use crate::runtime::cluster::{now_ms, Cluster, Lease, State, Status};
 use crate::store::{BusLog, PositionStore};
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum SourceConfig {
     /// Consumes a RocketMQ topic into a bus.
@@ -32,6 +35,13 @@ impl SourceConfig {
         }
     }
 
+    /// How many tasks the source's work is split into.
+    pub fn tasks(&self) -> u32 {
+        match self {
+            SourceConfig::Rocketmq(s) => s.tasks,
+        }
+    }
+
     pub fn check(&self) -> Result<(), String> {
         match self {
             SourceConfig::Rocketmq(s) => s.check(),
@@ -39,37 +49,64 @@ impl SourceConfig {
     }
 }
 
-/// The running sources; stop them before the runtime commits positions at shutdown.
-pub struct Sources {
-    tasks: JoinSet<()>,
-    stop: watch::Sender<bool>,
+/// A source connector of the running plan.
+pub struct Source {
+    /// `source/{name}`: the connector id (status, pause, restart) and the position prefix.
+    pub id: String,
+    pub config: SourceConfig,
+    pub log: Arc<dyn BusLog>,
 }
 
-impl Sources {
-    pub fn start(
-        configs: &[SourceConfig],
-        logs: &HashMap<String, Arc<dyn BusLog>>,
-        positions: Arc<dyn PositionStore>,
-    ) -> Sources {
-        let (stop, _) = watch::channel(false);
-        let mut tasks = JoinSet::new();
-        for config in configs {
-            let Some(log) = logs.get(config.bus()) else {
-                continue;
-            };
-            match config {
-                SourceConfig::Rocketmq(c) => {
-                    let source =
-                        rocketmq::RocketMqSource::new(c.clone(), log.clone(), positions.clone());
-                    tasks.spawn(source.run(stop.subscribe()));
-                }
-            }
+impl Source {
+    pub fn new(config: SourceConfig, log: Arc<dyn BusLog>) -> Source {
+        Source {
+            id: format!("source/{}", config.name()),
+            config,
+            log,
         }
-        Sources { tasks, stop }
+    }
+}
+
+/// What one running source task is given by the worker that holds its lease.
+pub struct SourceTask {
+    pub source: Arc<Source>,
+    /// Which of the source's tasks this is (0-based).
+    pub index: u32,
+    pub lease: Lease,
+    pub positions: Arc<dyn PositionStore>,
+    pub cluster: Arc<dyn Cluster>,
+    /// Until when (ms since the epoch) the lease is surely still ours.
+    pub valid_until: Arc<AtomicU64>,
+    pub stop: watch::Receiver<bool>,
+}
+
+impl SourceTask {
+    pub async fn run(self) {
+        let source = self.source.clone();
+        match &source.config {
+            SourceConfig::Rocketmq(c) => rocketmq::run(c, self).await,
+        }
     }
 
-    pub async fn shutdown(mut self) {
-        let _ = self.stop.send(true);
-        while self.tasks.join_next().await.is_some() {}
+    /// Whether the task may still append and record positions.
+    pub fn leased(&self) -> bool {
+        now_ms() < self.valid_until.load(Ordering::Relaxed)
+    }
+
+    pub fn stopping(&self) -> bool {
+        *self.stop.borrow() || !self.leased()
+    }
+
+    pub async fn report(&self, state: State, reason: Option<String>) {
+        let status = Status {
+            id: self.lease.task.clone(),
+            state,
+            worker: Some(self.cluster.worker_id().to_string()),
+            reason,
+            changed_at: now_ms(),
+        };
+        if let Err(e) = self.cluster.set_status(status).await {
+            tracing::debug!(error = %e, "cannot write status");
+        }
     }
 }

@@ -11,6 +11,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::watch;
 
+use crate::runtime::cluster::Lease;
+
 /// A sequence number within one shard's log: the first record is 0, then 1, 2, …
 pub type Seq = u64;
 
@@ -103,12 +105,17 @@ pub trait PositionStore: Send + Sync + 'static {
     /// Records progress; made durable by the next `flush`.
     fn set(&self, subscription: &str, shard: u32, next: Seq);
 
-    /// This worker now runs the task under the lease `epoch` (`None`: no longer runs it).
-    fn own(&self, subscription: &str, shard: u32, epoch: Option<u64>);
+    /// This worker now commits the position under `lease` (a task's lease may cover many
+    /// positions: a source task owns one per queue it reads).
+    fn own(&self, subscription: &str, shard: u32, lease: &Lease);
 
-    /// Commits every position set so far. Returns the (subscription, shard) pairs whose
-    /// commit was refused because their lease moved on: those tasks must stop.
-    async fn flush(&self) -> Result<Vec<(String, u32)>, StoreError>;
+    /// This worker no longer runs the task: forget the positions its lease covered,
+    /// including progress not committed yet.
+    fn disown(&self, task: &str);
+
+    /// Commits every position set so far. Returns the tasks whose commits were refused
+    /// because their lease moved on: those tasks must stop.
+    async fn flush(&self) -> Result<Vec<String>, StoreError>;
 
     /// The position as of the last successful commit: what a restart resumes from.
     async fn committed(&self, subscription: &str, shard: u32) -> Result<Option<Seq>, StoreError>;

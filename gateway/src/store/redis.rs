@@ -1,14 +1,15 @@
 //! The distributed store: every shared fact of a cluster in Redis, under one key prefix, so
-//! several clusters can share one Redis. See `docs/distributed.md` for the key layout.
+//! several clusters can share one Redis. The key layout (also in the README):
 //!
 //! ```text
 //! {p}:bus:{bus}:{shard}        stream; entry id 0-{seq+1}, field `e` = the stored event
 //! {p}:bus:{bus}:{shard}:next   next sequence number of the shard
 //! {p}:pos:{subscription}       hash: shard -> next sequence number to deliver
+//! {p}:pos:source/{name}@{broker} hash: queue id -> next offset to read (source connectors)
 //! {p}:lease:{task}             "{worker}|{epoch}", expires after the lease TTL
 //! {p}:epoch:{task}             fencing epoch counter of the task
 //! {p}:members                  sorted set: worker id -> last heartbeat (Redis time, ms)
-//! {p}:config                   hash: version, digest, toml (buses and rules)
+//! {p}:config                   hash: version, digest, toml (buses, rules and sources)
 //! {p}:paused                   set of paused connector and task ids
 //! {p}:restarts                 hash: connector or task id -> restart generation
 //! {p}:status                   hash: connector or task id -> status JSON
@@ -291,7 +292,8 @@ pub struct RedisPositions {
 #[derive(Default)]
 struct PositionState {
     pending: HashMap<(String, u32), Seq>,
-    epochs: HashMap<(String, u32), u64>,
+    /// The lease (task, epoch) each owned position is committed under.
+    owners: HashMap<(String, u32), (String, u64)>,
 }
 
 impl RedisPositions {
@@ -333,39 +335,46 @@ impl PositionStore for RedisPositions {
             .insert((subscription.to_string(), shard), next);
     }
 
-    fn own(&self, subscription: &str, shard: u32, epoch: Option<u64>) {
-        let key = (subscription.to_string(), shard);
+    fn own(&self, subscription: &str, shard: u32, lease: &Lease) {
+        self.lock().owners.insert(
+            (subscription.to_string(), shard),
+            (lease.task.clone(), lease.epoch),
+        );
+    }
+
+    fn disown(&self, task: &str) {
         let mut state = self.lock();
-        match epoch {
-            Some(e) => {
-                state.epochs.insert(key, e);
-            }
-            None => {
-                state.epochs.remove(&key);
-                state.pending.remove(&key);
-            }
+        let gone: Vec<(String, u32)> = state
+            .owners
+            .iter()
+            .filter(|(_, (t, _))| t == task)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in gone {
+            state.owners.remove(&key);
+            state.pending.remove(&key);
         }
     }
 
-    async fn flush(&self) -> Result<Vec<(String, u32)>, StoreError> {
-        let batch: Vec<((String, u32), Seq, Option<u64>)> = {
+    async fn flush(&self) -> Result<Vec<String>, StoreError> {
+        let batch: Vec<((String, u32), Seq, Option<(String, u64)>)> = {
             let mut state = self.lock();
             let pending = std::mem::take(&mut state.pending);
             pending
                 .into_iter()
                 .map(|(key, seq)| {
-                    let epoch = state.epochs.get(&key).copied();
-                    (key, seq, epoch)
+                    let owner = state.owners.get(&key).cloned();
+                    (key, seq, owner)
                 })
                 .collect()
         };
         let mut fenced = Vec::new();
-        for ((sub, shard), seq, epoch) in batch {
-            let Some(epoch) = epoch else {
-                fenced.push((sub, shard));
+        for ((sub, shard), seq, owner) in batch {
+            // Progress of a task this worker no longer runs is never committed.
+            let Some((task, epoch)) = owner else {
+                fenced.push(crate::runtime::cluster::task_id(&sub, shard));
                 continue;
             };
-            let task = crate::runtime::cluster::task_id(&sub, shard);
             let result = self
                 .commit
                 .key(self.redis.key(&["lease", &task]))
@@ -377,7 +386,7 @@ impl PositionStore for RedisPositions {
                 .await;
             match result {
                 Ok(1) => {}
-                Ok(_) => fenced.push((sub, shard)),
+                Ok(_) => fenced.push(task),
                 Err(e) => {
                     // Keep it for the next flush unless a newer position arrived meanwhile.
                     self.lock().pending.entry((sub, shard)).or_insert(seq);
@@ -385,6 +394,8 @@ impl PositionStore for RedisPositions {
                 }
             }
         }
+        fenced.sort();
+        fenced.dedup();
         Ok(fenced)
     }
 

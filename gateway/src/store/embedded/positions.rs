@@ -10,6 +10,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
+use crate::runtime::cluster::Lease;
 use crate::store::{PositionStore, Seq, StoreError};
 
 type Map = BTreeMap<String, BTreeMap<u32, Seq>>;
@@ -96,9 +97,11 @@ impl PositionStore for EmbeddedPositions {
     }
 
     /// One process owns the data directory (its lock), so there is nothing to fence.
-    fn own(&self, _subscription: &str, _shard: u32, _epoch: Option<u64>) {}
+    fn own(&self, _subscription: &str, _shard: u32, _lease: &Lease) {}
 
-    async fn flush(&self) -> Result<Vec<(String, u32)>, StoreError> {
+    fn disown(&self, _task: &str) {}
+
+    async fn flush(&self) -> Result<Vec<String>, StoreError> {
         let _guard = self.flush_lock.lock().await;
         let (snapshot, generation) = {
             let state = self.lock();
