@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use rocketmq_client_rust::{
     ClientResult, ClientRuntime, ClientRuntimeConfig, ConsumeConcurrentlyContext,
-    ConsumeConcurrentlyStatus, DefaultMQProducer, DefaultMQPushConsumer, MQPushConsumer,
-    MessageListenerConcurrently,
+    ConsumeConcurrentlyStatus, DefaultLitePullConsumer, DefaultMQProducer, DefaultMQPushConsumer,
+    MQPushConsumer, MessageListenerConcurrently,
 };
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
 use rocketmq_model::common::message::message_ext::MessageExt;
@@ -233,6 +233,41 @@ mappedFileSizeCommitLog = 67108864
         }
     }
 
+    /// Reads `count` messages of `topic` from the start with a pull consumer assigned to
+    /// every queue: each queue's messages come in the order the broker stored them.
+    pub async fn read_in_queue_order(
+        &self,
+        topic: &str,
+        count: usize,
+        limit: Duration,
+    ) -> Vec<Received> {
+        let consumer = DefaultLitePullConsumer::builder(client_runtime())
+            .consumer_group(format!("order-check-{topic}"))
+            .name_server_addr(self.name_server())
+            .auto_commit(false)
+            .build()
+            .expect("pull consumer");
+        consumer.start().await.expect("start pull consumer");
+        let queues = consumer.fetch_message_queues(topic).await.expect("queues");
+        consumer.assign(queues.clone()).await.expect("assign");
+        for q in &queues {
+            consumer.seek_to_begin(q).await.expect("seek");
+        }
+        let deadline = Instant::now() + limit;
+        let mut out = Vec::new();
+        while out.len() < count {
+            assert!(
+                Instant::now() < deadline,
+                "read {} of {count} messages of {topic} in {limit:?}",
+                out.len()
+            );
+            let messages = consumer.poll_with_timeout(500).await;
+            out.extend(messages.iter().filter_map(Received::from_message));
+        }
+        consumer.shutdown().await;
+        out
+    }
+
     /// A push consumer of `topic` from its first offset, recording every message.
     pub async fn consume(&self, topic: &str, group: &str) -> Consumer {
         let received = Arc::new(Mutex::new(Vec::new()));
@@ -279,6 +314,26 @@ impl Received {
     pub fn property(&self, name: &str) -> Option<&str> {
         self.properties.get(name).map(String::as_str)
     }
+
+    /// The message as received; `None` for the harness's own warm-up messages.
+    fn from_message(m: &MessageExt) -> Option<Received> {
+        let properties: HashMap<String, String> = m
+            .properties()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        if properties.get("TAGS").map(String::as_str) == Some("sluice-warmup") {
+            return None;
+        }
+        Some(Received {
+            queue_id: m.queue_id(),
+            queue_offset: m.queue_offset(),
+            tags: properties.get("TAGS").cloned(),
+            keys: properties.get("KEYS").cloned(),
+            body: m.body().map(|b| b.to_vec()).unwrap_or_default(),
+            properties,
+        })
+    }
 }
 
 struct Recorder(Arc<Mutex<Vec<Received>>>);
@@ -290,24 +345,7 @@ impl MessageListenerConcurrently for Recorder {
         _context: &ConsumeConcurrentlyContext,
     ) -> ClientResult<ConsumeConcurrentlyStatus> {
         let mut out = self.0.lock().unwrap();
-        for m in messages {
-            let properties: HashMap<String, String> = m
-                .properties()
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-            if properties.get("TAGS").map(String::as_str) == Some("sluice-warmup") {
-                continue;
-            }
-            out.push(Received {
-                queue_id: m.queue_id(),
-                queue_offset: m.queue_offset(),
-                tags: properties.get("TAGS").cloned(),
-                keys: properties.get("KEYS").cloned(),
-                body: m.body().map(|b| b.to_vec()).unwrap_or_default(),
-                properties,
-            });
-        }
+        out.extend(messages.iter().filter_map(|m| Received::from_message(m)));
         Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
     }
 }

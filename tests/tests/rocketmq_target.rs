@@ -121,6 +121,27 @@ async fn rocketmq_target_round_trip_with_ce_properties_and_one_queue_per_key() {
         assert_eq!(seqs, (0..PER_KEY as u64).collect::<Vec<_>>(), "{key}");
     }
     consumer.shutdown().await;
+
+    // Per key, the broker holds the events in the order they were accepted: read each
+    // queue from its start, every key's sequence numbers come out ascending.
+    let stored = mq
+        .read_in_queue_order(topic, 3 * PER_KEY, Duration::from_secs(60))
+        .await;
+    let mut order: HashMap<String, Vec<u64>> = HashMap::new();
+    for m in &stored {
+        let body: Value = serde_json::from_slice(&m.body).unwrap();
+        order
+            .entry(body["key"].as_str().unwrap().to_string())
+            .or_default()
+            .push(body["seq"].as_u64().unwrap());
+    }
+    for (key, seqs) in order {
+        assert_eq!(
+            seqs,
+            (0..PER_KEY as u64).collect::<Vec<_>>(),
+            "order of {key}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
