@@ -241,3 +241,87 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
+
+/// An h2c receiver (HTTP/2 without TLS, hyper's server) answering 200 to everything, for the
+/// HTTP target's `http2_prior_knowledge`: it counts requests by protocol and the TCP
+/// connections they arrived on.
+pub struct H2Receiver {
+    addr: SocketAddr,
+    requests: Arc<std::sync::atomic::AtomicUsize>,
+    h2_requests: Arc<std::sync::atomic::AtomicUsize>,
+    connections: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl H2Receiver {
+    pub async fn start() -> H2Receiver {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use http_body_util::{BodyExt as _, Empty};
+        use hyper::body::Bytes;
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind h2c receiver");
+        let addr = listener.local_addr().expect("receiver address");
+        let requests = Arc::new(AtomicUsize::new(0));
+        let h2_requests = Arc::new(AtomicUsize::new(0));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let (r, h2, c) = (requests.clone(), h2_requests.clone(), connections.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                c.fetch_add(1, Ordering::SeqCst);
+                let (r, h2) = (r.clone(), h2.clone());
+                let service = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let (r, h2) = (r.clone(), h2.clone());
+                        async move {
+                            let is_h2 = req.version() == hyper::Version::HTTP_2;
+                            let _ = req.into_body().collect().await;
+                            if is_h2 {
+                                h2.fetch_add(1, Ordering::SeqCst);
+                            }
+                            r.fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                                Empty::<Bytes>::new(),
+                            ))
+                        }
+                    },
+                );
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        H2Receiver {
+            addr,
+            requests,
+            h2_requests,
+            connections,
+            task,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// (requests, of which HTTP/2, TCP connections).
+    pub fn counts(&self) -> (usize, usize, usize) {
+        use std::sync::atomic::Ordering;
+        (
+            self.requests.load(Ordering::SeqCst),
+            self.h2_requests.load(Ordering::SeqCst),
+            self.connections.load(Ordering::SeqCst),
+        )
+    }
+}
+
+impl Drop for H2Receiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

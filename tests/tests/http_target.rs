@@ -5,10 +5,10 @@
 
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sluice_tests::receiver::{Receiver, Reply};
+use sluice_tests::receiver::{H2Receiver, Receiver, Reply};
 use sluice_tests::{post, python, repo_root, Sluice};
 
 fn http_rule(name: &str, url: &str, extra: &str) -> String {
@@ -233,4 +233,40 @@ async fn http_target_circuit_breaker_stops_hammering_a_dead_endpoint() {
         .wait_for(Duration::from_secs(5), |_| receiver.accepted() >= 1)
         .await;
     drop(sluice);
+}
+
+#[tokio::test]
+async fn http_target_h2c_prior_knowledge_shares_one_pooled_connection() {
+    let receiver = H2Receiver::start().await;
+    let sluice = Sluice::builder()
+        .extra(&http_rule(
+            "h2",
+            &receiver.url("/h2"),
+            "http2_prior_knowledge = true",
+        ))
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    const N: usize = 40;
+    for i in 0..N {
+        post(&client, &sluice.events_url(), &format!("h2-{i}"), "{}").await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while receiver.counts().0 < N {
+        assert!(
+            Instant::now() < deadline,
+            "received {:?} of {N}",
+            receiver.counts()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (requests, h2, connections) = receiver.counts();
+    assert_eq!(requests, N, "each event once");
+    assert_eq!(h2, N, "every request over HTTP/2");
+    // Four shard tasks deliver concurrently, multiplexed on the pooled connection (a
+    // second one may open while the first is still connecting).
+    assert!(
+        connections <= 2,
+        "{connections} connections for {N} requests"
+    );
 }
