@@ -336,6 +336,16 @@ impl Sluice {
         }
     }
 
+    /// The process's resident memory in KiB (Linux `/proc`), if it is running.
+    pub fn rss_kib(&self) -> Option<u64> {
+        let pid = self.child.as_ref()?.id();
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
     /// `GET /admin/cluster`: members, connector and task status (any replica answers).
     pub async fn cluster_view(&self) -> Value {
         reqwest::get(self.url("/admin/cluster"))
