@@ -535,6 +535,19 @@ pub fn binary(
         .body(body.to_string())
 }
 
+/// Posts `events` as one batch-mode request (`application/cloudevents-batch+json`) and
+/// asserts every one was accepted (202).
+pub async fn post_batch(client: &reqwest::Client, url: &str, events: Vec<Value>) {
+    let r = client
+        .post(url)
+        .header("content-type", "application/cloudevents-batch+json")
+        .body(Value::Array(events).to_string())
+        .send()
+        .await
+        .expect("POST batch");
+    assert_eq!(r.status().as_u16(), 202, "batch refused");
+}
+
 /// A structured-mode event as JSON.
 pub fn structured_event(id: &str) -> Value {
     serde_json::json!({

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sluice_tests::receiver::{Receiver, Reply};
-use sluice_tests::{post, Sluice};
+use sluice_tests::{post, post_batch, Sluice};
 
 #[tokio::test]
 async fn backpressure_slow_target_does_not_slow_a_fast_one() {
@@ -62,14 +62,7 @@ async fn post_batches(sluice: &Sluice, from: usize, batches: usize, data_bytes: 
                 })
             })
             .collect();
-        let r = client
-            .post(sluice.events_url())
-            .header("content-type", "application/cloudevents-batch+json")
-            .body(Value::Array(batch).to_string())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 202);
+        post_batch(&client, &sluice.events_url(), batch).await;
     }
 }
 

@@ -11,7 +11,7 @@ use rocketmq_model::common::message::message_single::Message;
 use serde_json::Value;
 use sluice_tests::receiver::Receiver;
 use sluice_tests::rocketmq::RocketMq;
-use sluice_tests::Sluice;
+use sluice_tests::{post_batch, Sluice};
 
 const BATCH: usize = 100;
 const POSTERS: usize = 4;
@@ -34,14 +34,7 @@ async fn post_events(url: &str, n: usize, tag: &str) {
                             "datacontenttype": "application/json", "data": {"k": k, "pad": "x".repeat(100)}})
                     })
                     .collect();
-                let r = client
-                    .post(&url)
-                    .header("content-type", "application/cloudevents-batch+json")
-                    .body(Value::Array(batch).to_string())
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(r.status().as_u16(), 202);
+                post_batch(&client, &url, batch).await;
                 i += POSTERS * BATCH;
             }
         }));

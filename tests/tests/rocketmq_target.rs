@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sluice_tests::rocketmq::RocketMq;
-use sluice_tests::Sluice;
+use sluice_tests::{post_batch, Sluice};
 
 fn target(name_server: &str, topic: &str) -> String {
     format!(
@@ -57,14 +57,7 @@ async fn rocketmq_target_round_trip_with_ce_properties_and_one_queue_per_key() {
                 })
             })
             .collect();
-        let r = client
-            .post(sluice.events_url())
-            .header("content-type", "application/cloudevents-batch+json")
-            .body(Value::Array(batch).to_string())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 202);
+        post_batch(&client, &sluice.events_url(), batch).await;
     }
     let got = consumer
         .wait_for(Duration::from_secs(60), |m| m.len() >= 3 * PER_KEY)
