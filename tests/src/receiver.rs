@@ -242,20 +242,51 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-/// An h2c receiver (HTTP/2 without TLS, hyper's server) answering 200 to everything, for the
-/// HTTP target's `http2_prior_knowledge`: it counts requests by protocol and the TCP
-/// connections they arrived on.
-pub struct H2Receiver {
+/// A receiver on hyper's server answering 200 to everything, for protocol tests of the
+/// HTTP target: h2c (HTTP/2 without TLS, for `http2_prior_knowledge`) or TLS with ALPN (h2
+/// and HTTP/1.1). It counts requests by protocol and the connections they arrived on.
+pub struct HyperReceiver {
     addr: SocketAddr,
-    requests: Arc<std::sync::atomic::AtomicUsize>,
-    h2_requests: Arc<std::sync::atomic::AtomicUsize>,
-    connections: Arc<std::sync::atomic::AtomicUsize>,
+    tls: bool,
+    counts: Arc<Counts>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl H2Receiver {
-    pub async fn start() -> H2Receiver {
-        use std::sync::atomic::{AtomicUsize, Ordering};
+#[derive(Default)]
+struct Counts {
+    requests: std::sync::atomic::AtomicUsize,
+    h2_requests: std::sync::atomic::AtomicUsize,
+    connections: std::sync::atomic::AtomicUsize,
+}
+
+impl HyperReceiver {
+    /// HTTP/2 with prior knowledge, no TLS.
+    pub async fn h2c() -> HyperReceiver {
+        HyperReceiver::start(None).await
+    }
+
+    /// TLS with the test certificate of `tests/fixtures/tls` (signed by its `ca.pem`).
+    pub async fn tls() -> HyperReceiver {
+        use tokio_rustls::rustls;
+        use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+        let dir = crate::repo_root().join("tests/fixtures/tls");
+        let certs = CertificateDer::pem_file_iter(dir.join("server.pem"))
+            .expect("server.pem")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("server.pem certificates");
+        let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).expect("server.key");
+        let mut config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .expect("TLS server config");
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        HyperReceiver::start(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))).await
+    }
+
+    async fn start(tls: Option<tokio_rustls::TlsAcceptor>) -> HyperReceiver {
+        use std::sync::atomic::Ordering;
 
         use http_body_util::{BodyExt as _, Empty};
         use hyper::body::Bytes;
@@ -263,64 +294,93 @@ impl H2Receiver {
 
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
-            .expect("bind h2c receiver");
+            .expect("bind receiver");
         let addr = listener.local_addr().expect("receiver address");
-        let requests = Arc::new(AtomicUsize::new(0));
-        let h2_requests = Arc::new(AtomicUsize::new(0));
-        let connections = Arc::new(AtomicUsize::new(0));
-        let (r, h2, c) = (requests.clone(), h2_requests.clone(), connections.clone());
+        let counts = Arc::new(Counts::default());
+        let shared = counts.clone();
+        let is_tls = tls.is_some();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                c.fetch_add(1, Ordering::SeqCst);
-                let (r, h2) = (r.clone(), h2.clone());
+                shared.connections.fetch_add(1, Ordering::SeqCst);
+                let counts = shared.clone();
                 let service = hyper::service::service_fn(
                     move |req: hyper::Request<hyper::body::Incoming>| {
-                        let (r, h2) = (r.clone(), h2.clone());
+                        let counts = counts.clone();
                         async move {
                             let is_h2 = req.version() == hyper::Version::HTTP_2;
                             let _ = req.into_body().collect().await;
                             if is_h2 {
-                                h2.fetch_add(1, Ordering::SeqCst);
+                                counts.h2_requests.fetch_add(1, Ordering::SeqCst);
                             }
-                            r.fetch_add(1, Ordering::SeqCst);
+                            counts.requests.fetch_add(1, Ordering::SeqCst);
                             Ok::<_, std::convert::Infallible>(hyper::Response::new(
                                 Empty::<Bytes>::new(),
                             ))
                         }
                     },
                 );
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    match tls {
+                        None => {
+                            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                                .serve_connection(TokioIo::new(stream), service)
+                                .await;
+                        }
+                        Some(acceptor) => {
+                            let Ok(stream) = acceptor.accept(stream).await else {
+                                return;
+                            };
+                            let _ =
+                                hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                                    .serve_connection(TokioIo::new(stream), service)
+                                    .await;
+                        }
+                    }
                 });
             }
         });
-        H2Receiver {
+        HyperReceiver {
             addr,
-            requests,
-            h2_requests,
-            connections,
+            tls: is_tls,
+            counts,
             task,
         }
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}{path}", self.addr)
     }
 
     /// (requests, of which HTTP/2, TCP connections).
     pub fn counts(&self) -> (usize, usize, usize) {
         use std::sync::atomic::Ordering;
         (
-            self.requests.load(Ordering::SeqCst),
-            self.h2_requests.load(Ordering::SeqCst),
-            self.connections.load(Ordering::SeqCst),
+            self.counts.requests.load(Ordering::SeqCst),
+            self.counts.h2_requests.load(Ordering::SeqCst),
+            self.counts.connections.load(Ordering::SeqCst),
         )
+    }
+
+    /// Waits until `n` requests arrived, or panics after `limit`.
+    pub async fn wait_requests(&self, n: usize, limit: Duration) -> (usize, usize, usize) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let counts = self.counts();
+            if counts.0 >= n {
+                return counts;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "received {counts:?} of {n} requests in {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
-impl Drop for H2Receiver {
+impl Drop for HyperReceiver {
     fn drop(&mut self) {
         self.task.abort();
     }

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sluice_tests::receiver::{H2Receiver, Receiver, Reply};
+use sluice_tests::receiver::{HyperReceiver, Receiver, Reply};
 use sluice_tests::{post, python, repo_root, Sluice};
 
 fn http_rule(name: &str, url: &str, extra: &str) -> String {
@@ -237,7 +237,7 @@ async fn http_target_circuit_breaker_stops_hammering_a_dead_endpoint() {
 
 #[tokio::test]
 async fn http_target_h2c_prior_knowledge_shares_one_pooled_connection() {
-    let receiver = H2Receiver::start().await;
+    let receiver = HyperReceiver::h2c().await;
     let sluice = Sluice::builder()
         .extra(&http_rule(
             "h2",
@@ -251,15 +251,7 @@ async fn http_target_h2c_prior_knowledge_shares_one_pooled_connection() {
     for i in 0..N {
         post(&client, &sluice.events_url(), &format!("h2-{i}"), "{}").await;
     }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while receiver.counts().0 < N {
-        assert!(
-            Instant::now() < deadline,
-            "received {:?} of {N}",
-            receiver.counts()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    receiver.wait_requests(N, Duration::from_secs(20)).await;
     let (requests, h2, connections) = receiver.counts();
     assert_eq!(requests, N, "each event once");
     assert_eq!(h2, N, "every request over HTTP/2");
@@ -269,4 +261,62 @@ async fn http_target_h2c_prior_knowledge_shares_one_pooled_connection() {
         connections <= 2,
         "{connections} connections for {N} requests"
     );
+}
+
+#[tokio::test]
+async fn http_target_https_with_a_private_ca_negotiates_h2() {
+    let receiver = HyperReceiver::tls().await;
+    let ca = repo_root().join("tests/fixtures/tls/ca.pem");
+    let sluice = Sluice::builder()
+        .extra(&http_rule(
+            "tls",
+            &receiver.url("/tls"),
+            &format!("ca_file = \"{}\"", ca.display()),
+        ))
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    const N: usize = 20;
+    for i in 0..N {
+        post(&client, &sluice.events_url(), &format!("tls-{i}"), "{}").await;
+    }
+    let (requests, h2, _) = receiver.wait_requests(N, Duration::from_secs(20)).await;
+    assert_eq!(requests, N, "each event once");
+    assert_eq!(h2, N, "h2 chosen by ALPN");
+}
+
+#[tokio::test]
+async fn http_target_https_refuses_an_untrusted_certificate() {
+    let receiver = HyperReceiver::tls().await;
+    let sluice = Sluice::builder()
+        .extra(&http_rule("untrusted", &receiver.url("/tls"), ""))
+        .start()
+        .await;
+    post(
+        &reqwest::Client::new(),
+        &sluice.events_url(),
+        "tls-bad",
+        "{}",
+    )
+    .await;
+    // The handshake fails (the private CA is not trusted): nothing reaches the handler, and
+    // the event stays pending with the reason in the task's status.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let view = sluice.cluster_view().await;
+        let failed = view["statuses"].as_array().unwrap().iter().any(|s| {
+            s["state"] == "FAILED"
+                && s["id"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("default/untrusted/untrusted#")
+                && s["reason"].as_str().unwrap_or_default().contains("tls")
+        });
+        if failed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no FAILED status: {view}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(receiver.counts().0, 0);
 }

@@ -81,7 +81,7 @@ impl FunctionTarget {
         })?;
         Ok(FunctionTarget {
             config: config.clone(),
-            client: http_target::client(config.timeout, Duration::from_secs(3), false)?,
+            client: http_target::client(config.timeout, Duration::from_secs(3), false, None)?,
             reply: reply.clone(),
         })
     }

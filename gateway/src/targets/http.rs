@@ -85,6 +85,9 @@ pub struct HttpConfig {
     /// Speak h2 without TLS negotiation (h2c).
     #[serde(default)]
     pub http2_prior_knowledge: bool,
+    /// PEM file of root certificates to trust besides the platform's (a private CA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
     /// Standard Webhooks signing secret (`whsec_...`, or `env:VAR`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signing_secret: Option<String>,
@@ -302,6 +305,7 @@ pub(crate) fn client(
     timeout: Duration,
     connect_timeout: Duration,
     http2_prior_knowledge: bool,
+    ca_file: Option<&std::path::Path>,
 ) -> Result<reqwest::Client, TargetError> {
     let mut builder = reqwest::Client::builder()
         .timeout(timeout)
@@ -310,6 +314,24 @@ pub(crate) fn client(
         .tcp_nodelay(true);
     if http2_prior_knowledge {
         builder = builder.http2_prior_knowledge();
+    }
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path).map_err(|e| {
+            TargetError::fatal(format!("cannot read `ca_file` {}: {e}", path.display()))
+        })?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+            TargetError::fatal(format!(
+                "`ca_file` {}: not PEM certificates: {e}",
+                path.display()
+            ))
+        })?;
+        if certs.is_empty() {
+            return Err(TargetError::fatal(format!(
+                "`ca_file` {} holds no certificate",
+                path.display()
+            )));
+        }
+        builder = builder.tls_certs_merge(certs);
     }
     builder
         .build()
@@ -324,8 +346,16 @@ pub(crate) fn send_error(url: &str, e: &reqwest::Error) -> TargetError {
     } else {
         "request failed"
     };
+    // reqwest's own message hides the cause (refused, TLS, DNS): name the whole chain.
+    let mut message = format!("{url}: {what}: {e}");
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
     // Network failures may heal; a request that cannot even be built will not.
-    TargetError::retryable(format!("{url}: {what}: {e}")).with_builder(e.is_builder())
+    TargetError::retryable(message).with_builder(e.is_builder())
 }
 
 impl TargetError {
@@ -348,7 +378,11 @@ pub struct HttpTarget {
 }
 
 impl HttpTarget {
-    pub fn new(config: &HttpConfig) -> Result<HttpTarget, TargetError> {
+    /// `ca_file` is the configured one with `{data_dir}` resolved.
+    pub fn new(
+        config: &HttpConfig,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<HttpTarget, TargetError> {
         config.check().map_err(TargetError::fatal)?;
         let mut headers = HeaderMap::new();
         for (name, value) in &config.headers {
@@ -390,6 +424,7 @@ impl HttpTarget {
                 config.timeout,
                 config.connect_timeout,
                 config.http2_prior_knowledge,
+                ca_file,
             )?,
             headers,
             signing_key,

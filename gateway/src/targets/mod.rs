@@ -116,7 +116,10 @@ pub fn build(
             config.durability,
         )?),
         TargetConfig::Rocketmq(c) => Arc::new(rocketmq::RocketMqTarget::new(c)?),
-        TargetConfig::Http(c) => Arc::new(http::HttpTarget::new(c)?),
+        TargetConfig::Http(c) => {
+            let ca_file = c.ca_file.as_deref().map(|p| config.expand_path(p));
+            Arc::new(http::HttpTarget::new(c, ca_file.as_deref())?)
+        }
         TargetConfig::RedisStream(c) => Arc::new(redis_stream::RedisStreamTarget::new(c)?),
         TargetConfig::Bus(c) => Arc::new(bus::BusTarget::new(c, resources)?),
         TargetConfig::Function(c) => Arc::new(function::FunctionTarget::new(c, resources)?),
