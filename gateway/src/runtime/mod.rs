@@ -1,9 +1,10 @@
 //! The delivery runtime, after RocketMQ Connect's worker. Each (rule, target) pair is a
-//! subscription (a connector); each shard of its bus is a task. A worker runs a reconcile
-//! loop on every change notice and on a tick: it computes the assignment of all tasks over
-//! the live workers with the configured strategy, source connectors' tasks included, takes a lease for each of its own tasks
-//! before starting it, renews its leases, stops what moved away, and commits positions in
-//! fenced batches. A task reads its shard from its position, filters, delivers in order and
+//! subscription (a connector); each shard of its bus is a task. Source connectors are
+//! connectors too, split into their own tasks. A worker runs a reconcile loop on every
+//! change notice and on a tick: it computes the assignment of all tasks over the live
+//! workers with the configured strategy, takes a lease for each of its own tasks before
+//! starting it, renews its leases, stops what moved away, and commits positions in fenced
+//! batches. A task reads its shard from its position, filters, delivers in order and
 //! records the new position; a failing target stalls only its own subscription.
 
 pub mod cluster;

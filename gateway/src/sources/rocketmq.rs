@@ -129,7 +129,7 @@ async fn consume(config: &RocketMqSourceConfig, task: &mut SourceTask) -> Result
     result
 }
 
-/// The position key of a queue: queue ids repeat across brokers.
+/// The position key of a queue (its shard is the queue id): queue ids repeat across brokers.
 fn position_key(source_id: &str, queue: &MessageQueue) -> String {
     format!("{source_id}@{}", queue.broker_name())
 }
@@ -197,15 +197,6 @@ async fn pull(
             TargetError::retryable(format!("cannot seek queue {}: {e}", queue.queue_id()))
         })?;
     }
-    let brokers: BTreeMap<(i32, String), String> = queues
-        .iter()
-        .map(|q| {
-            (
-                (q.queue_id(), q.broker_name().to_string()),
-                position_key(&source.id, q),
-            )
-        })
-        .collect();
     tracing::info!(task = %task.lease.task, topic = %config.topic, queues = ?queues.iter().map(|q| q.queue_id()).collect::<Vec<_>>(), "RocketMQ source task consuming");
     task.report(State::Running, None).await;
     loop {
@@ -225,11 +216,8 @@ async fn pull(
         let mut next: BTreeMap<(String, u32), u64> = BTreeMap::new();
         for message in &messages {
             records.push(event(config, message, shards)?);
-            let broker = message.broker_name().to_string();
-            let key = brokers
-                .get(&(message.queue_id(), broker.clone()))
-                .cloned()
-                .unwrap_or_else(|| format!("{}@{broker}", source.id));
+            // The same key as `position_key` gives the message's queue.
+            let key = format!("{}@{}", source.id, message.broker_name());
             let after = (message.queue_offset() + 1).max(0) as u64;
             let entry = next
                 .entry((key, message.queue_id().unsigned_abs()))
