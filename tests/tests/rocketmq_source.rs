@@ -220,7 +220,13 @@ async fn rocketmq_source_queues_are_tasks_spread_over_replicas_and_taken_over_af
         }
         assert!(
             Instant::now() < deadline,
-            "the survivor never took every source task: {tasks:?}"
+            "the survivor never took every source task: {tasks:?}\n{}\n{}",
+            b.cluster_view().await,
+            b.log()
+                .lines()
+                .filter(|l| l.contains("source") || l.contains("lease"))
+                .collect::<Vec<_>>()
+                .join("\n")
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -470,6 +470,9 @@ impl WorkerLoop {
     }
 }
 
+/// How long a stopping task waits for its delivery in flight.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// A lease is trusted locally for 4/5 of its time to live after a successful renewal, so a
 /// paused or partitioned worker stops delivering before another worker can take over.
 fn lease_margin(ttl: Duration) -> u64 {
@@ -620,8 +623,9 @@ impl Task {
     }
 
     /// Delivers (retries, backoff and dead letters: see `delivery`); false if stopped (or
-    /// the lease lapsed) first. Stopping cancels the delivery: the position has not moved,
-    /// so the batch is delivered again by whoever runs the task next.
+    /// the lease lapsed) first. Stopping cancels a delivery that does not finish within
+    /// `STOP_GRACE`: the position has not moved, so the batch is delivered again by whoever
+    /// runs the task next.
     async fn deliver(&mut self, events: &[Envelope], backoff: &mut Duration) -> bool {
         if events.is_empty() {
             return true;
@@ -643,7 +647,14 @@ impl Task {
                     }
                     return true;
                 }
-                _ = self.stop.changed() => return false,
+                _ = self.stop.changed() => {
+                    // Stopping (shutdown, rebalance): a delivery in flight gets a moment
+                    // to finish so its position is recorded and a graceful stop sends
+                    // nothing twice; past the grace, or the lease, it is dropped.
+                    let left = self.valid_until.load(Ordering::Relaxed).saturating_sub(now_ms());
+                    let grace = STOP_GRACE.min(Duration::from_millis(left));
+                    return tokio::time::timeout(grace, &mut deliver).await.is_ok();
+                }
                 _ = check.tick() => {
                     if let Some(reason) = sub.delivery.last_error() {
                         if !failed {
