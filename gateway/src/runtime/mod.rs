@@ -379,10 +379,23 @@ impl WorkerLoop {
         self.commit().await;
         for (id, r) in stopped {
             self.positions.disown(&id);
-            // Status first: once the lease is free the next owner reports RUNNING.
-            self.status(&id, state, None).await;
-            if let Err(e) = self.cluster.release(&r.lease).await {
-                tracing::warn!(task = %id, error = %e, "cannot release the lease; it lapses by itself");
+            // A slow stop may have let the lease lapse, and another worker may run the task
+            // (and have reported it RUNNING) already: report and release only while the
+            // lease is still ours. Status first: once the lease is free the next owner
+            // reports RUNNING.
+            match self.cluster.renew(&r.lease).await {
+                Ok(true) => {
+                    self.status(&id, state, None).await;
+                    if let Err(e) = self.cluster.release(&r.lease).await {
+                        tracing::warn!(task = %id, error = %e, "cannot release the lease; it lapses by itself");
+                    }
+                }
+                Ok(false) => {
+                    tracing::debug!(task = %id, "the lease moved on while the task stopped")
+                }
+                Err(e) => {
+                    tracing::warn!(task = %id, error = %e, "cannot check the lease; it lapses by itself")
+                }
             }
         }
     }
@@ -471,7 +484,7 @@ impl WorkerLoop {
 }
 
 /// How long a stopping task waits for its delivery in flight.
-const STOP_GRACE: Duration = Duration::from_secs(2);
+const STOP_GRACE: Duration = Duration::from_millis(500);
 
 /// A lease is trusted locally for 4/5 of its time to live after a successful renewal, so a
 /// paused or partitioned worker stops delivering before another worker can take over.
@@ -668,6 +681,10 @@ impl Task {
     }
 
     async fn report(&self, state: State, reason: Option<String>) {
+        // Once the lease may have moved, the status is the next owner's to write.
+        if !self.leased() {
+            return;
+        }
         let status = Status {
             id: self.id.clone(),
             state,

@@ -98,6 +98,10 @@ impl SourceTask {
     }
 
     pub async fn report(&self, state: State, reason: Option<String>) {
+        // Once the lease may have moved, the status is the next owner's to write.
+        if !self.leased() {
+            return;
+        }
         let status = Status {
             id: self.lease.task.clone(),
             state,
