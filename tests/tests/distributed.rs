@@ -2,7 +2,7 @@
 //! lose Redis, and every event answered 202 is still delivered.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
@@ -295,7 +295,46 @@ async fn fenced_commit_is_refused_after_the_lease_moved() {
     assert_eq!(positions_b.committed("sub", 0).await.unwrap(), Some(7));
     a.leave().await;
     b.leave().await;
-    let _: HashMap<(), ()> = HashMap::new();
+}
+
+#[tokio::test]
+async fn positions_not_committed_when_redis_fails_are_kept_for_the_next_flush() {
+    let mut server = RedisServer::start();
+    let redis = Redis::connect(&server.url(), "flush", Duration::from_millis(500))
+        .await
+        .unwrap();
+    let options = ClusterOptions {
+        heartbeat: Duration::from_secs(1),
+        member_ttl: Duration::from_secs(60),
+        lease_ttl: Duration::from_secs(60),
+    };
+    let cluster = RedisCluster::join(redis.clone(), "worker-a", options);
+    let positions = RedisPositions::new(redis, "worker-a");
+    for shard in 0..3 {
+        let lease = cluster
+            .acquire(&format!("sub#{shard}"))
+            .await
+            .unwrap()
+            .expect("free lease");
+        positions.own("sub", shard, &lease);
+        positions.set("sub", shard, 10 + u64::from(shard));
+    }
+    // The flush fails on its first commit: none of the three may be forgotten.
+    server.kill();
+    assert!(positions.flush().await.is_err());
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while positions.flush().await.is_err() {
+        assert!(Instant::now() < deadline, "Redis never came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for shard in 0..3 {
+        assert_eq!(
+            positions.committed("sub", shard).await.unwrap(),
+            Some(10 + u64::from(shard)),
+            "shard {shard}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

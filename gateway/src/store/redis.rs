@@ -369,7 +369,8 @@ impl PositionStore for RedisPositions {
                 .collect()
         };
         let mut fenced = Vec::new();
-        for ((sub, shard), seq, owner) in batch {
+        let mut batch = batch.into_iter();
+        while let Some(((sub, shard), seq, owner)) = batch.next() {
             // Progress of a task this worker no longer runs is never committed.
             let Some((task, epoch)) = owner else {
                 fenced.push(crate::runtime::cluster::task_id(&sub, shard));
@@ -388,8 +389,15 @@ impl PositionStore for RedisPositions {
                 Ok(1) => {}
                 Ok(_) => fenced.push(task),
                 Err(e) => {
-                    // Keep it for the next flush unless a newer position arrived meanwhile.
-                    self.lock().pending.entry((sub, shard)).or_insert(seq);
+                    // Keep this one and every one not tried yet for the next flush, unless
+                    // a newer position arrived meanwhile: a dropped position would leave
+                    // the committed one behind until the shard moves again, and a takeover
+                    // would re-send everything since.
+                    let mut state = self.lock();
+                    state.pending.entry((sub, shard)).or_insert(seq);
+                    for (key, seq, _) in batch {
+                        state.pending.entry(key).or_insert(seq);
+                    }
                     return Err(redis_error("commit position", &e));
                 }
             }
