@@ -129,9 +129,10 @@ async fn consume(config: &RocketMqSourceConfig, task: &mut SourceTask) -> Result
     result
 }
 
-/// The position key of a queue (its shard is the queue id): queue ids repeat across brokers.
-fn position_key(source_id: &str, queue: &MessageQueue) -> String {
-    format!("{source_id}@{}", queue.broker_name())
+/// The position key of a broker's queues (the shard is the queue id): queue ids repeat
+/// across brokers.
+fn position_key(source_id: &str, broker: &str) -> String {
+    format!("{source_id}@{broker}")
 }
 
 /// This task's queues of the topic; empty when there are more tasks than queues.
@@ -181,7 +182,7 @@ async fn pull(
         .map_err(|e| TargetError::retryable(format!("cannot assign queues: {e}")))?;
     let source = task.source.clone();
     for queue in &queues {
-        let key = position_key(&source.id, queue);
+        let key = position_key(&source.id, queue.broker_name());
         let shard = queue.queue_id().unsigned_abs();
         task.positions.own(&key, shard, &task.lease);
         let stored = task
@@ -196,6 +197,14 @@ async fn pull(
         seek.map_err(|e| {
             TargetError::retryable(format!("cannot seek queue {}: {e}", queue.queue_id()))
         })?;
+        match stored {
+            Some(next) => {
+                tracing::info!(task = %task.lease.task, queue = queue.queue_id(), from = next, "RocketMQ source queue resumes from its stored position")
+            }
+            None => {
+                tracing::info!(task = %task.lease.task, queue = queue.queue_id(), "RocketMQ source queue has no stored position; reading from its first message")
+            }
+        }
     }
     tracing::info!(task = %task.lease.task, topic = %config.topic, queues = ?queues.iter().map(|q| q.queue_id()).collect::<Vec<_>>(), "RocketMQ source task consuming");
     task.report(State::Running, None).await;
@@ -216,8 +225,7 @@ async fn pull(
         let mut next: BTreeMap<(String, u32), u64> = BTreeMap::new();
         for message in &messages {
             records.push(event(config, message, shards)?);
-            // The same key as `position_key` gives the message's queue.
-            let key = format!("{}@{}", source.id, message.broker_name());
+            let key = position_key(&source.id, message.broker_name());
             let after = (message.queue_offset() + 1).max(0) as u64;
             let entry = next
                 .entry((key, message.queue_id().unsigned_abs()))
