@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice_tests::rocketmq::RocketMq;
+use sluice_tests::rocketmq::{Received, RocketMq};
 use sluice_tests::{post_batch, Sluice};
 
 fn target(name_server: &str, topic: &str) -> String {
@@ -101,15 +101,7 @@ async fn rocketmq_target_round_trip_with_ce_properties_and_one_queue_per_key() {
         "each queue holds whole keys: {counts:?}"
     );
     // Within each key, the consumer saw every sequence number exactly once.
-    let mut per_key: HashMap<String, Vec<u64>> = HashMap::new();
-    for m in &got {
-        let body: Value = serde_json::from_slice(&m.body).unwrap();
-        per_key
-            .entry(body["key"].as_str().unwrap().to_string())
-            .or_default()
-            .push(body["seq"].as_u64().unwrap());
-    }
-    for (key, mut seqs) in per_key {
+    for (key, mut seqs) in seqs_by_key(&got) {
         seqs.sort_unstable();
         assert_eq!(seqs, (0..PER_KEY as u64).collect::<Vec<_>>(), "{key}");
     }
@@ -120,21 +112,26 @@ async fn rocketmq_target_round_trip_with_ce_properties_and_one_queue_per_key() {
     let stored = mq
         .read_in_queue_order(topic, 3 * PER_KEY, Duration::from_secs(60))
         .await;
-    let mut order: HashMap<String, Vec<u64>> = HashMap::new();
-    for m in &stored {
-        let body: Value = serde_json::from_slice(&m.body).unwrap();
-        order
-            .entry(body["key"].as_str().unwrap().to_string())
-            .or_default()
-            .push(body["seq"].as_u64().unwrap());
-    }
-    for (key, seqs) in order {
+    for (key, seqs) in seqs_by_key(&stored) {
         assert_eq!(
             seqs,
             (0..PER_KEY as u64).collect::<Vec<_>>(),
             "order of {key}"
         );
     }
+}
+
+/// Each key's sequence numbers, in the order the messages came.
+fn seqs_by_key(messages: &[Received]) -> HashMap<String, Vec<u64>> {
+    let mut by_key: HashMap<String, Vec<u64>> = HashMap::new();
+    for m in messages {
+        let body: Value = serde_json::from_slice(&m.body).unwrap();
+        by_key
+            .entry(body["key"].as_str().unwrap().to_string())
+            .or_default()
+            .push(body["seq"].as_u64().unwrap());
+    }
+    by_key
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
