@@ -218,8 +218,7 @@ async fn wait_source_positions(
     }
 }
 
-/// The offsets the replica's source tasks resumed their queues from (queue → from), the
-/// last one logged per queue.
+/// Every (queue, offset) the replica's source tasks logged resuming a queue from.
 fn resumed_from(log: &str) -> Vec<(i64, i64)> {
     let field = |line: &str, name: &str| -> Option<i64> {
         let rest = &line[line.find(&format!(" {name}="))? + name.len() + 2..];
