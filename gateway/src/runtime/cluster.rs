@@ -100,6 +100,21 @@ pub trait Cluster: Send + Sync + 'static {
 
     async fn set_status(&self, status: Status) -> Result<(), StoreError>;
 
+    /// Records a connector's or task's state as this worker's (an unassigned one has no
+    /// worker). A status that cannot be written is skipped: the next change writes it.
+    async fn report(&self, id: &str, state: State, reason: Option<String>) {
+        let status = Status {
+            id: id.to_string(),
+            state,
+            worker: (state != State::Unassigned).then(|| self.worker_id().to_string()),
+            reason,
+            changed_at: now_ms(),
+        };
+        if let Err(e) = self.set_status(status).await {
+            tracing::debug!(id, error = %e, "cannot write status");
+        }
+    }
+
     async fn statuses(&self) -> Result<Vec<Status>, StoreError>;
 
     /// Announces that this worker leaves (graceful shutdown).

@@ -25,7 +25,7 @@ use crate::rules::Filter;
 use crate::sources::{Source, SourceTask};
 use crate::store::{BusLog, PositionStore, Record, Seq, StoreError};
 use crate::targets::{Body, Envelope, Target};
-use cluster::{now_ms, task_id, Cluster, Control, Lease, State, Status};
+use cluster::{now_ms, task_id, Cluster, Control, Lease, State};
 use rebalance::Strategy;
 use sluice_functions::{Output, TransformChain};
 
@@ -273,7 +273,7 @@ impl WorkerLoop {
                 continue;
             }
             if control.is_paused(kind.connector(), id) {
-                self.status(id, State::Paused, None).await;
+                self.cluster.report(id, State::Paused, None).await;
                 continue;
             }
             match self.cluster.acquire(id).await {
@@ -290,7 +290,7 @@ impl WorkerLoop {
                 } else {
                     State::Running
                 };
-                self.status(connector, state, None).await;
+                self.cluster.report(connector, state, None).await;
             }
         }
     }
@@ -346,7 +346,7 @@ impl WorkerLoop {
                 tokio::spawn(task.run())
             }
         };
-        self.status(&id, State::Running, None).await;
+        self.cluster.report(&id, State::Running, None).await;
         self.running.insert(
             id.clone(),
             Running {
@@ -385,7 +385,7 @@ impl WorkerLoop {
             // reports RUNNING.
             match self.cluster.renew(&r.lease).await {
                 Ok(true) => {
-                    self.status(&id, state, None).await;
+                    self.cluster.report(&id, state, None).await;
                     if let Err(e) = self.cluster.release(&r.lease).await {
                         tracing::warn!(task = %id, error = %e, "cannot release the lease; it lapses by itself");
                     }
@@ -466,19 +466,6 @@ impl WorkerLoop {
                     tracing::warn!(bus, shard, error = %e, "releasing passed records failed");
                 }
             }
-        }
-    }
-
-    async fn status(&self, id: &str, state: State, reason: Option<String>) {
-        let status = Status {
-            id: id.to_string(),
-            state,
-            worker: (state != State::Unassigned).then(|| self.cluster.worker_id().to_string()),
-            reason,
-            changed_at: now_ms(),
-        };
-        if let Err(e) = self.cluster.set_status(status).await {
-            tracing::debug!(error = %e, "cannot write status");
         }
     }
 }
@@ -685,14 +672,7 @@ impl Task {
         if !self.leased() {
             return;
         }
-        let status = Status {
-            id: self.id.clone(),
-            state,
-            worker: Some(self.cluster.worker_id().to_string()),
-            reason,
-            changed_at: now_ms(),
-        };
-        let _ = self.cluster.set_status(status).await;
+        self.cluster.report(&self.id, state, reason).await;
     }
 
     /// Reports the failure, waits out the backoff (doubling it for next time); true if

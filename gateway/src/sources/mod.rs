@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::runtime::cluster::{now_ms, Cluster, Lease, State, Status};
+use crate::runtime::cluster::{now_ms, Cluster, Lease, State};
 use crate::store::{BusLog, PositionStore};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -102,15 +102,6 @@ impl SourceTask {
         if !self.leased() {
             return;
         }
-        let status = Status {
-            id: self.lease.task.clone(),
-            state,
-            worker: Some(self.cluster.worker_id().to_string()),
-            reason,
-            changed_at: now_ms(),
-        };
-        if let Err(e) = self.cluster.set_status(status).await {
-            tracing::debug!(error = %e, "cannot write status");
-        }
+        self.cluster.report(&self.lease.task, state, reason).await;
     }
 }
