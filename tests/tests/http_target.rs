@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sluice_tests::receiver::{HyperReceiver, Receiver, Reply};
-use sluice_tests::{post, python, repo_root, Sluice};
+use sluice_tests::{post, python, repo_root, Sluice, SluiceBuilder};
 
 fn http_rule(name: &str, url: &str, extra: &str) -> String {
     format!(
@@ -27,18 +27,36 @@ url = "{url}"
     )
 }
 
+/// A gateway whose one rule sends every event to an HTTP target.
+fn with_http_target(name: &str, url: &str, extra: &str) -> SluiceBuilder {
+    Sluice::builder().extra(&http_rule(name, url, extra))
+}
+
+/// Posts `count` events with ids `{prefix}-{i}` and an empty JSON object as data.
+async fn post_empty(sluice: &Sluice, prefix: &str, count: usize) {
+    let client = reqwest::Client::new();
+    for i in 0..count {
+        post(
+            &client,
+            &sluice.events_url(),
+            &format!("{prefix}-{i}"),
+            "{}",
+        )
+        .await;
+    }
+}
+
 #[tokio::test]
 async fn http_target_binary_mode_carries_attributes_headers_and_bearer_auth() {
     let receiver = Receiver::start().await;
-    let sluice = Sluice::builder()
-        .extra(&http_rule(
-            "hook",
-            &receiver.url("/hook"),
-            "headers = { x-team = \"blue\" }\nauth = { type = \"bearer\", token = \"env:HOOK_TOKEN\" }",
-        ))
-        .env("HOOK_TOKEN", "t0ken")
-        .start()
-        .await;
+    let sluice = with_http_target(
+        "hook",
+        &receiver.url("/hook"),
+        "headers = { x-team = \"blue\" }\nauth = { type = \"bearer\", token = \"env:HOOK_TOKEN\" }",
+    )
+    .env("HOOK_TOKEN", "t0ken")
+    .start()
+    .await;
     let client = reqwest::Client::new();
     let r = client
         .post(sluice.events_url())
@@ -119,14 +137,13 @@ async fn http_target_signatures_verify_with_standardwebhooks_package() {
     // 24 random bytes, base64: a secret like the ones Standard Webhooks providers issue.
     let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
     let receiver = Receiver::start().await;
-    let sluice = Sluice::builder()
-        .extra(&http_rule(
-            "signed",
-            &receiver.url("/signed"),
-            &format!("signing_secret = \"{secret}\""),
-        ))
-        .start()
-        .await;
+    let sluice = with_http_target(
+        "signed",
+        &receiver.url("/signed"),
+        &format!("signing_secret = \"{secret}\""),
+    )
+    .start()
+    .await;
     let client = reqwest::Client::new();
     for i in 0..3 {
         post(
@@ -183,18 +200,10 @@ async fn http_target_signatures_verify_with_standardwebhooks_package() {
 #[tokio::test]
 async fn http_target_rate_limit_spreads_requests() {
     let receiver = Receiver::start().await;
-    let sluice = Sluice::builder()
-        .extra(&http_rule(
-            "limited",
-            &receiver.url("/l"),
-            "rate_limit = 20.0",
-        ))
+    let sluice = with_http_target("limited", &receiver.url("/l"), "rate_limit = 20.0")
         .start()
         .await;
-    let client = reqwest::Client::new();
-    for i in 0..40 {
-        post(&client, &sluice.events_url(), &format!("rl-{i}"), "{}").await;
-    }
+    post_empty(&sluice, "rl", 40).await;
     let got = receiver
         .wait_for(Duration::from_secs(20), |r| r.len() >= 40)
         .await;
@@ -210,14 +219,13 @@ async fn http_target_rate_limit_spreads_requests() {
 async fn http_target_circuit_breaker_stops_hammering_a_dead_endpoint() {
     let receiver = Receiver::start().await;
     receiver.default_reply(Reply::Status(503));
-    let sluice = Sluice::builder()
-        .extra(&http_rule(
-            "breaker",
-            &receiver.url("/b"),
-            "circuit_breaker = { failures = 2, open_for = \"1s\" }\n[rules.targets.retry]\ninitial_backoff = \"10ms\"\nmax_backoff = \"20ms\"",
-        ))
-        .start()
-        .await;
+    let sluice = with_http_target(
+        "breaker",
+        &receiver.url("/b"),
+        "circuit_breaker = { failures = 2, open_for = \"1s\" }\n[rules.targets.retry]\ninitial_backoff = \"10ms\"\nmax_backoff = \"20ms\"",
+    )
+    .start()
+    .await;
     post(&reqwest::Client::new(), &sluice.events_url(), "cb-1", "{}").await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     // Without the breaker: ~100 requests in 2.5 s at 10–20 ms backoff. With it: 2 failures,
@@ -238,19 +246,11 @@ async fn http_target_circuit_breaker_stops_hammering_a_dead_endpoint() {
 #[tokio::test]
 async fn http_target_h2c_prior_knowledge_shares_one_pooled_connection() {
     let receiver = HyperReceiver::h2c().await;
-    let sluice = Sluice::builder()
-        .extra(&http_rule(
-            "h2",
-            &receiver.url("/h2"),
-            "http2_prior_knowledge = true",
-        ))
+    let sluice = with_http_target("h2", &receiver.url("/h2"), "http2_prior_knowledge = true")
         .start()
         .await;
-    let client = reqwest::Client::new();
     const N: usize = 40;
-    for i in 0..N {
-        post(&client, &sluice.events_url(), &format!("h2-{i}"), "{}").await;
-    }
+    post_empty(&sluice, "h2", N).await;
     receiver.wait_requests(N, Duration::from_secs(20)).await;
     let (requests, h2, connections) = receiver.counts();
     assert_eq!(requests, N, "each event once");
@@ -267,19 +267,15 @@ async fn http_target_h2c_prior_knowledge_shares_one_pooled_connection() {
 async fn http_target_https_with_a_private_ca_negotiates_h2() {
     let receiver = HyperReceiver::tls().await;
     let ca = repo_root().join("tests/fixtures/tls/ca.pem");
-    let sluice = Sluice::builder()
-        .extra(&http_rule(
-            "tls",
-            &receiver.url("/tls"),
-            &format!("ca_file = \"{}\"", ca.display()),
-        ))
-        .start()
-        .await;
-    let client = reqwest::Client::new();
+    let sluice = with_http_target(
+        "tls",
+        &receiver.url("/tls"),
+        &format!("ca_file = \"{}\"", ca.display()),
+    )
+    .start()
+    .await;
     const N: usize = 20;
-    for i in 0..N {
-        post(&client, &sluice.events_url(), &format!("tls-{i}"), "{}").await;
-    }
+    post_empty(&sluice, "tls", N).await;
     let (requests, h2, _) = receiver.wait_requests(N, Duration::from_secs(20)).await;
     assert_eq!(requests, N, "each event once");
     assert_eq!(h2, N, "h2 chosen by ALPN");
@@ -288,8 +284,7 @@ async fn http_target_https_with_a_private_ca_negotiates_h2() {
 #[tokio::test]
 async fn http_target_https_refuses_an_untrusted_certificate() {
     let receiver = HyperReceiver::tls().await;
-    let sluice = Sluice::builder()
-        .extra(&http_rule("untrusted", &receiver.url("/hook"), ""))
+    let sluice = with_http_target("untrusted", &receiver.url("/hook"), "")
         .start()
         .await;
     post(
