@@ -16,7 +16,8 @@ use crate::ingress::{self, IngressState};
 use crate::rules::{compile_transform, Filter};
 use crate::runtime::cluster::{Cluster, LocalCluster};
 use crate::runtime::delivery::Delivery;
-use crate::runtime::{Plan, Subscription, Worker, WorkerOptions};
+use crate::runtime::rebalance::stable_hash;
+use crate::runtime::{BusPlan, Plan, RuleSubscriptions, Subscription, Worker, WorkerOptions};
 use crate::sources::Source;
 use crate::store::embedded::{DataDir, LogOptions};
 use crate::store::redis::{ClusterOptions, Redis, RedisCluster, RedisLog, RedisPositions};
@@ -90,7 +91,6 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             let id = worker_id(&config, data.path())?;
             let cluster: Arc<dyn Cluster> = Arc::new(LocalCluster::new(&id));
             let plan = Arc::new(build_plan(&config, &config.channels(), 1, logs)?);
-            plan.init_positions(positions.as_ref()).await?;
             let worker = Worker::start(
                 cluster.clone(),
                 positions.clone(),
@@ -131,7 +131,7 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             // The configuration is shared: publish ours (a no-op when it is already there)
             // and run what the cluster holds. Wait for Redis if it is not up yet.
             let (version, plan) = loop {
-                match sync_config(&config, &cluster, &redis, positions.as_ref(), true).await {
+                match sync_config(&config, &cluster, &redis, true).await {
                     Ok(Some(found)) => break found,
                     Ok(None) | Err(StartError::Store(_)) => {
                         tracing::warn!("waiting for the cluster store to hold the configuration");
@@ -165,7 +165,6 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
                 config.clone(),
                 cluster.clone(),
                 redis.clone(),
-                positions.clone(),
                 version,
                 state.clone(),
                 worker.plan_sender(),
@@ -199,6 +198,7 @@ fn worker_options(config: &Config) -> WorkerOptions {
         delivery: config.delivery.clone(),
         strategy: config.cluster.strategy,
         tick: config.cluster.rebalance_interval,
+        read_wait: config.cluster.poll_interval,
     }
 }
 
@@ -228,7 +228,8 @@ fn worker_id(config: &Config, data_dir: &Path) -> Result<String, StoreError> {
     Ok(id)
 }
 
-/// Turns buses and rules into what the worker runs: logs and subscriptions.
+/// Turns buses and rules into what the worker runs: per bus, its log, its subscriptions
+/// and their compiled rule index.
 fn build_plan(
     config: &Config,
     channels: &Channels,
@@ -238,7 +239,7 @@ fn build_plan(
     let resources = targets::Resources {
         buses: logs.clone(),
     };
-    let mut subscriptions = Vec::new();
+    let mut rules_by_bus: HashMap<&str, Vec<RuleSubscriptions>> = HashMap::new();
     for rule in &channels.rules {
         let rule_name = rule.name.get_ref();
         let filter = Filter::compile(
@@ -250,6 +251,13 @@ fn build_plan(
             message,
         })?;
         let filter = Arc::new(filter);
+        // What a subscription's definition is, to tell a changed one from an unchanged one.
+        let condition = format!(
+            "{:?}|{:?}",
+            rule.pattern.as_ref().map(|p| p.get_ref()),
+            rule.filter.as_ref().map(|f| f.get_ref())
+        );
+        let mut subscriptions = Vec::new();
         for target in &rule.targets {
             let target_name = target.name();
             let failed = |message: String| StartError::Target {
@@ -257,7 +265,8 @@ fn build_plan(
                 target: target_name.to_string(),
                 message,
             };
-            let id = format!("{}/{}/{}", rule.bus.get_ref(), rule_name, target_name);
+            let name = format!("{rule_name}/{target_name}");
+            let id = format!("{}/{name}", rule.bus.get_ref());
             let built =
                 targets::build(config, target, &resources).map_err(|e| failed(e.message))?;
             let delivery = Delivery::new(config, rule_name, &id, target, built.clone(), &resources)
@@ -267,15 +276,33 @@ fn build_plan(
                 .map(compile_transform)
                 .transpose()
                 .map_err(failed)?;
+            let spec = serde_json::to_string(target).map_err(|e| failed(e.to_string()))?;
             subscriptions.push(Arc::new(Subscription {
                 id,
+                name,
                 bus: rule.bus.get_ref().clone(),
                 filter: filter.clone(),
                 transform,
                 target: built,
                 delivery: Arc::new(delivery),
+                spec: stable_hash(format!("{condition}|{spec}").as_bytes()),
             }));
         }
+        rules_by_bus
+            .entry(rule.bus.get_ref().as_str())
+            .or_default()
+            .push(RuleSubscriptions {
+                filter,
+                subscriptions,
+            });
+    }
+    let mut buses = std::collections::BTreeMap::new();
+    for (name, log) in &logs {
+        let rules = rules_by_bus.remove(name.as_str()).unwrap_or_default();
+        buses.insert(
+            name.clone(),
+            Arc::new(BusPlan::new(name, log.clone(), rules)),
+        );
     }
     let mut sources = Vec::new();
     for source in &channels.sources {
@@ -286,7 +313,7 @@ fn build_plan(
     }
     Ok(Plan {
         version,
-        subscriptions,
+        buses,
         sources,
         logs,
     })
@@ -298,7 +325,6 @@ async fn sync_config(
     config: &Config,
     cluster: &RedisCluster,
     redis: &Redis,
-    positions: &dyn PositionStore,
     publish: bool,
 ) -> Result<Option<(u64, Arc<Plan>)>, StartError> {
     if publish {
@@ -335,16 +361,10 @@ async fn sync_config(
     for bus in &channels.buses {
         logs.insert(
             bus.name.get_ref().clone(),
-            Arc::new(RedisLog::new(
-                redis.clone(),
-                bus.name.get_ref(),
-                bus.shards,
-                config.cluster.poll_interval,
-            )),
+            Arc::new(RedisLog::new(redis.clone(), bus.name.get_ref(), bus.shards)),
         );
     }
     let plan = build_plan(config, &channels, version, logs)?;
-    plan.init_positions(positions).await?;
     Ok(Some((version, Arc::new(plan))))
 }
 
@@ -355,7 +375,6 @@ async fn follow_config(
     config: Config,
     cluster: Arc<RedisCluster>,
     redis: Redis,
-    positions: Arc<dyn PositionStore>,
     mut version: u64,
     ingress: Arc<IngressState>,
     plans: Arc<watch::Sender<Arc<Plan>>>,
@@ -376,7 +395,7 @@ async fn follow_config(
         if current <= version {
             continue;
         }
-        match sync_config(&config, &cluster, &redis, positions.as_ref(), false).await {
+        match sync_config(&config, &cluster, &redis, false).await {
             Ok(Some((v, plan))) => {
                 tracing::info!(from = version, to = v, "configuration changed; resynced");
                 version = v;

@@ -109,7 +109,9 @@ pub struct ClusterConfig {
     /// Timeout of every Redis call.
     #[serde(deserialize_with = "duration")]
     pub redis_timeout: Duration,
-    /// How often an idle task looks for events appended by other workers.
+    /// The longest a shard reader's blocking read (`XREAD BLOCK`) waits for new events
+    /// before it asks again: one round trip per owned shard per interval while idle. New
+    /// events are seen as soon as they are appended whatever this is.
     #[serde(deserialize_with = "duration")]
     pub poll_interval: Duration,
 }
@@ -123,7 +125,7 @@ impl Default for ClusterConfig {
             rebalance_interval: Duration::from_secs(1),
             strategy: crate::runtime::rebalance::Strategy::default(),
             redis_timeout: Duration::from_secs(2),
-            poll_interval: Duration::from_millis(100),
+            poll_interval: Duration::from_secs(1),
         }
     }
 }

@@ -112,7 +112,7 @@ durability = "{durability}"
 [cluster]
 strategy = "{strategy}"
 redis_timeout = "500ms"
-poll_interval = "50ms"
+poll_interval = "1s"
 
 [limits]
 {limits}
@@ -372,17 +372,31 @@ impl Sluice {
         }
     }
 
-    /// Task id → worker, for the tasks reported RUNNING.
+    /// Task id → worker, for the leased tasks (`bus/{bus}#{shard}`, `source/{name}#{i}`)
+    /// reported RUNNING.
     pub async fn running_tasks(&self) -> std::collections::BTreeMap<String, String> {
+        self.running(|id| id.contains('#') && id.matches('/').count() == 1)
+            .await
+    }
+
+    /// Id → worker, for the subscriptions' parts of shard tasks
+    /// (`{bus}/{rule}/{target}#{shard}`) reported RUNNING.
+    pub async fn running_lanes(&self) -> std::collections::BTreeMap<String, String> {
+        self.running(|id| id.contains('#') && id.matches('/').count() == 2)
+            .await
+    }
+
+    async fn running(
+        &self,
+        which: impl Fn(&str) -> bool,
+    ) -> std::collections::BTreeMap<String, String> {
         let view = self.cluster_view().await;
         view["statuses"]
             .as_array()
             .map(Vec::as_slice)
             .unwrap_or_default()
             .iter()
-            .filter(|s| {
-                s["id"].as_str().is_some_and(|id| id.contains('#')) && s["state"] == "RUNNING"
-            })
+            .filter(|s| s["id"].as_str().is_some_and(&which) && s["state"] == "RUNNING")
             .filter_map(|s| {
                 Some((
                     s["id"].as_str()?.to_string(),

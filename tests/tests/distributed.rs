@@ -229,9 +229,7 @@ async fn converged(sluice: &Sluice, tasks: u32) -> BTreeMap<String, String> {
             .iter()
             .map(|m| m.as_str().unwrap().to_string())
             .collect();
-        let ids: Vec<String> = (0..tasks)
-            .map(|s| format!("default/all-events/delivered#{s}"))
-            .collect();
+        let ids: Vec<String> = (0..tasks).map(|s| format!("bus/default#{s}")).collect();
         let expected: BTreeMap<String, String> = assign(Strategy::ConsistentHash, &members, &ids)
             .into_iter()
             .map(|(t, w)| (t.to_string(), w))

@@ -12,7 +12,10 @@ use tokio::sync::watch;
 
 use crate::store::StoreError;
 
-/// A task: one shard of one subscription, written `{subscription}#{shard}`.
+/// A task or a subscription's part of one: `{connector}#{index}`. The tasks a worker
+/// leases are `bus/{bus}#{shard}` (every subscription of the bus for that shard) and
+/// `source/{name}#{index}`; a subscription's part of a shard task is
+/// `{bus}/{rule}/{target}#{shard}` (status, pause, restart).
 pub fn task_id(subscription: &str, shard: u32) -> String {
     format!("{subscription}#{shard}")
 }
@@ -90,6 +93,15 @@ pub trait Cluster: Send + Sync + 'static {
     /// Extends a lease; `false` when it is no longer this worker's.
     async fn renew(&self, lease: &Lease) -> Result<bool, StoreError>;
 
+    /// Extends every lease in one round trip; per lease, whether it is still this worker's.
+    async fn renew_all(&self, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
+        let mut held = Vec::with_capacity(leases.len());
+        for lease in leases {
+            held.push(self.renew(lease).await?);
+        }
+        Ok(held)
+    }
+
     async fn release(&self, lease: &Lease) -> Result<(), StoreError>;
 
     async fn control(&self) -> Result<Control, StoreError>;
@@ -99,6 +111,32 @@ pub trait Cluster: Send + Sync + 'static {
     async fn request_restart(&self, id: &str) -> Result<(), StoreError>;
 
     async fn set_status(&self, status: Status) -> Result<(), StoreError>;
+
+    /// Writes many statuses at once (a shard task reports all its subscriptions together).
+    async fn set_statuses(&self, statuses: Vec<Status>) -> Result<(), StoreError> {
+        for status in statuses {
+            self.set_status(status).await?;
+        }
+        Ok(())
+    }
+
+    /// Like `report`, for many ids in one write.
+    async fn report_many(&self, reports: Vec<(String, State, Option<String>)>) {
+        let at = now_ms();
+        let statuses = reports
+            .into_iter()
+            .map(|(id, state, reason)| Status {
+                id,
+                state,
+                worker: (state != State::Unassigned).then(|| self.worker_id().to_string()),
+                reason,
+                changed_at: at,
+            })
+            .collect();
+        if let Err(e) = self.set_statuses(statuses).await {
+            tracing::debug!(error = %e, "cannot write statuses");
+        }
+    }
 
     /// Records a connector's or task's state as this worker's (an unassigned one has no
     /// worker). A status that cannot be written is skipped: the next change writes it.
@@ -121,10 +159,23 @@ pub trait Cluster: Send + Sync + 'static {
     async fn leave(&self);
 }
 
+/// Wall-clock milliseconds since the Unix epoch: for status times shown to people.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Monotonic milliseconds since the process started: for lease validity, which a clock
+/// step must not stretch.
+pub fn mono_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+        // Never 0, so "valid until 0" always means "not valid".
+        + 1
 }
 
 /// Standalone: one worker, everything in memory, every lease granted.

@@ -1,38 +1,58 @@
-//! The delivery runtime, after RocketMQ Connect's worker. Each (rule, target) pair is a
-//! subscription (a connector); each shard of its bus is a task. Source connectors are
-//! connectors too, split into their own tasks. A worker runs a reconcile loop on every
-//! change notice and on a tick: it computes the assignment of all tasks over the live
-//! workers with the configured strategy, takes a lease for each of its own tasks before
-//! starting it, renews its leases, stops what moved away, and commits positions in fenced
-//! batches. A task reads its shard from its position, filters, delivers in order and
-//! records the new position; a failing target stalls only its own subscription.
+//! The delivery runtime, after RocketMQ Connect's worker.
+//!
+//! The unit of work a worker leases is a *shard task*: one shard of one bus with every
+//! subscription of that bus (each (rule, target) pair is a subscription, a connector in
+//! Connect's words). Source connectors are split into their own tasks. So the number of
+//! tasks, leases and Redis round trips depends on buses, shards and sources, never on the
+//! number of rules.
+//!
+//! A worker runs a reconcile loop on every change notice and on a tick: it computes the
+//! assignment of all tasks over the live workers with the configured strategy, takes a
+//! lease (with a fencing epoch) for each of its own tasks before starting it, stops what
+//! moved away, and commits positions in fenced batches. A separate lease keeper renews all
+//! of the worker's leases in one round trip, so renewals never wait behind commits,
+//! trimming or a rebalance.
+//!
+//! Inside a shard task (see `shard`), one reader reads and decodes each event once, asks the
+//! bus's compiled rule index which subscriptions match, and hands the event to those
+//! subscriptions' lanes. Each lane delivers in order with its own transform chain, retry
+//! and dead-letter policy and its own position. A lane whose target is slow does not hold
+//! up the reader: once its queue is full it leaves the shared path, reads the log on its
+//! own from its position until it has caught up with the reader, and then rejoins.
+//!
+//! A rule change rebuilds the bus's index and is applied to the running shard tasks of
+//! that bus in place: unchanged subscriptions keep their lanes and queues, changed ones
+//! continue from their position, new ones start at the end of the shard. Shard tasks of
+//! other buses are not touched.
 
 pub mod cluster;
 pub mod delivery;
 pub mod rebalance;
+mod shard;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::DeliveryConfig;
-use crate::ingress::cloudevent;
 use crate::rules::Filter;
 use crate::sources::{Source, SourceTask};
-use crate::store::{BusLog, PositionStore, Record, Seq, StoreError};
-use crate::targets::{Body, Envelope, Target};
-use cluster::{now_ms, task_id, Cluster, Control, Lease, State};
-use rebalance::Strategy;
-use sluice_functions::{Output, TransformChain};
+use crate::store::{BusLog, PositionStore};
+use crate::targets::Target;
+use cluster::{mono_ms, task_id, Cluster, Control, Lease, State};
+use rebalance::{stable_hash, Strategy};
+use sluice_functions::{RuleIndex, TransformChain};
 
 /// One (rule, target) pair.
 pub struct Subscription {
-    /// `{bus}/{rule}/{target}`: the key of its positions and status.
+    /// `{bus}/{rule}/{target}`: the connector id (status, pause, restart).
     pub id: String,
+    /// `{rule}/{target}`: its key among the bus's positions.
+    pub name: String,
     pub bus: String,
     pub filter: Arc<Filter>,
     /// Applied to each matched event before the target.
@@ -40,48 +60,140 @@ pub struct Subscription {
     pub target: Arc<dyn Target>,
     /// The target under its retry policy and dead-letter destination.
     pub delivery: Arc<delivery::Delivery>,
+    /// A digest of the rule's condition and the target's configuration: a subscription
+    /// whose digest did not change keeps running across a configuration change.
+    pub spec: u64,
+}
+
+/// A rule of a bus for the index: its condition and its subscriptions (one per target).
+pub struct RuleSubscriptions {
+    pub filter: Arc<Filter>,
+    pub subscriptions: Vec<Arc<Subscription>>,
+}
+
+/// One bus as its shard tasks run it: its log, its subscriptions and their rule index.
+pub struct BusPlan {
+    pub name: String,
+    pub log: Arc<dyn BusLog>,
+    pub subscriptions: Vec<Arc<Subscription>>,
+    /// Rule id (as given to the index) → positions in `subscriptions`.
+    rules: Vec<Vec<usize>>,
+    /// Rule ids whose condition matches every event (also used for events that do not
+    /// decode, which no pattern can look into).
+    match_all: Vec<usize>,
+    index: RuleIndex,
+    /// Whether any rule or transform needs to look inside events.
+    needs_decode: bool,
+    /// Changes whenever anything the shard tasks run changes.
+    pub digest: u64,
+}
+
+impl BusPlan {
+    pub fn new(name: &str, log: Arc<dyn BusLog>, rules: Vec<RuleSubscriptions>) -> BusPlan {
+        let mut builder = RuleIndex::builder();
+        let mut subscriptions = Vec::new();
+        let mut by_rule = Vec::new();
+        let mut match_all = Vec::new();
+        let mut needs_decode = false;
+        let mut digest = Vec::new();
+        for (rule_id, rule) in rules.into_iter().enumerate() {
+            match rule.filter.as_ref() {
+                Filter::All => {
+                    builder.add_match_all(rule_id);
+                    match_all.push(rule_id);
+                }
+                Filter::Pattern(p) => {
+                    builder.add_pattern(rule_id, p);
+                    needs_decode = true;
+                }
+                Filter::Cesql(f) => {
+                    builder.add_filter(rule_id, f.clone());
+                    needs_decode = true;
+                }
+            }
+            let mut members = Vec::new();
+            for sub in rule.subscriptions {
+                needs_decode |= sub.transform.is_some();
+                digest.extend_from_slice(sub.name.as_bytes());
+                digest.extend_from_slice(&sub.spec.to_le_bytes());
+                members.push(subscriptions.len());
+                subscriptions.push(sub);
+            }
+            by_rule.push(members);
+        }
+        digest.extend_from_slice(name.as_bytes());
+        digest.extend_from_slice(&log.shards().to_le_bytes());
+        BusPlan {
+            name: name.to_string(),
+            log,
+            subscriptions,
+            rules: by_rule,
+            match_all,
+            index: builder.build(),
+            needs_decode,
+            digest: stable_hash(&digest),
+        }
+    }
+
+    /// The subscriptions (positions in `subscriptions`) that take the event; `None` for an
+    /// event that does not decode: only rules without a condition take it.
+    fn matching(&self, event: Option<&cloudevents::Event>, rules: &mut Vec<usize>) {
+        rules.clear();
+        match event {
+            Some(event) => self.index.matches(event, rules),
+            None => rules.extend_from_slice(&self.match_all),
+        }
+    }
 }
 
 /// What the workers run, built from one version of the configuration.
 pub struct Plan {
     pub version: u64,
-    pub subscriptions: Vec<Arc<Subscription>>,
+    pub buses: BTreeMap<String, Arc<BusPlan>>,
     pub sources: Vec<Arc<Source>>,
     pub logs: HashMap<String, Arc<dyn BusLog>>,
 }
 
-/// What a task does: deliver one shard of a subscription, or run one part of a source.
+/// What a task does: run one shard of a bus, or one part of a source.
 #[derive(Clone)]
 enum TaskKind {
-    Deliver { sub: Arc<Subscription>, shard: u32 },
+    Shard { bus: Arc<BusPlan>, shard: u32 },
     Source { source: Arc<Source>, index: u32 },
 }
 
 impl TaskKind {
-    /// The connector the task belongs to (pause, restart and status go by it).
-    fn connector(&self) -> &str {
+    /// A digest of the task's definition: the task is updated (shard) or restarted
+    /// (source) when it changes.
+    fn digest(&self) -> u64 {
         match self {
-            TaskKind::Deliver { sub, .. } => &sub.id,
-            TaskKind::Source { source, .. } => &source.id,
+            TaskKind::Shard { bus, .. } => bus.digest,
+            TaskKind::Source { source, .. } => stable_hash(
+                serde_json::to_string(&source.config)
+                    .unwrap_or_default()
+                    .as_bytes(),
+            ),
         }
     }
+}
+
+/// The id of a bus shard's task.
+pub fn shard_task_id(bus: &str, shard: u32) -> String {
+    task_id(&format!("bus/{bus}"), shard)
 }
 
 impl Plan {
     /// Every task of the plan by task id.
     fn tasks(&self) -> BTreeMap<String, TaskKind> {
         let mut tasks = BTreeMap::new();
-        for sub in &self.subscriptions {
-            if let Some(log) = self.logs.get(&sub.bus) {
-                for shard in 0..log.shards() {
-                    tasks.insert(
-                        task_id(&sub.id, shard),
-                        TaskKind::Deliver {
-                            sub: sub.clone(),
-                            shard,
-                        },
-                    );
-                }
+        for bus in self.buses.values() {
+            for shard in 0..bus.log.shards() {
+                tasks.insert(
+                    shard_task_id(&bus.name, shard),
+                    TaskKind::Shard {
+                        bus: bus.clone(),
+                        shard,
+                    },
+                );
             }
         }
         for source in &self.sources {
@@ -97,28 +209,6 @@ impl Plan {
         }
         tasks
     }
-
-    /// Every connector id: subscriptions and sources.
-    fn connectors(&self) -> impl Iterator<Item = &str> {
-        self.subscriptions
-            .iter()
-            .map(|s| s.id.as_str())
-            .chain(self.sources.iter().map(|s| s.id.as_str()))
-    }
-
-    /// Gives every subscription without a position the current end of its bus, so it
-    /// delivers exactly the events accepted from its creation on.
-    pub async fn init_positions(&self, positions: &dyn PositionStore) -> Result<(), StoreError> {
-        for sub in &self.subscriptions {
-            if let Some(log) = self.logs.get(&sub.bus) {
-                for shard in 0..log.shards() {
-                    let end = log.end(shard).await?;
-                    positions.init(&sub.id, shard, end).await?;
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -127,6 +217,8 @@ pub struct WorkerOptions {
     pub strategy: Strategy,
     /// The rebalance tick (change notices can be lost; the tick catches up).
     pub tick: Duration,
+    /// The longest an idle shard reader's blocking read waits before reading again.
+    pub read_wait: Duration,
 }
 
 pub struct Worker {
@@ -144,6 +236,13 @@ impl Worker {
     ) -> Worker {
         let (stop, stop_rx) = watch::channel(false);
         let (plan_tx, plan_rx) = watch::channel(plan);
+        let (lost_tx, lost) = mpsc::unbounded_channel();
+        let leases = Arc::new(LeaseKeeper {
+            cluster: cluster.clone(),
+            held: Mutex::new(BTreeMap::new()),
+            lost: lost_tx,
+        });
+        tokio::spawn(leases.clone().run(stop_rx.clone()));
         let state = WorkerLoop {
             cluster,
             positions,
@@ -151,6 +250,10 @@ impl Worker {
             plan: plan_rx,
             stop: stop_rx,
             running: HashMap::new(),
+            control: watch::Sender::new(Arc::new(Control::default())),
+            leases,
+            lost,
+            reported: HashMap::new(),
         };
         Worker {
             stop,
@@ -159,7 +262,7 @@ impl Worker {
         }
     }
 
-    /// Where to send a new configuration version; tasks restart with their new definitions.
+    /// Where to send a new configuration version.
     pub fn plan_sender(&self) -> Arc<watch::Sender<Arc<Plan>>> {
         self.plan.clone()
     }
@@ -173,14 +276,77 @@ impl Worker {
     }
 }
 
+/// Renews every lease of the worker in one round trip, on its own schedule: commits,
+/// trimming and rebalancing never delay a renewal. A lease is trusted for 4/5 of its time
+/// to live, counted from a monotonic instant taken *before* the renewal was sent, so a slow
+/// reply or a clock step cannot stretch it.
+struct LeaseKeeper {
+    cluster: Arc<dyn Cluster>,
+    held: Mutex<BTreeMap<String, (Lease, Arc<AtomicU64>)>>,
+    /// Tasks whose lease turned out to be someone else's.
+    lost: mpsc::UnboundedSender<String>,
+}
+
+impl LeaseKeeper {
+    fn held(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (Lease, Arc<AtomicU64>)>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add(&self, lease: &Lease, valid_until: Arc<AtomicU64>) {
+        self.held()
+            .insert(lease.task.clone(), (lease.clone(), valid_until));
+    }
+
+    fn remove(&self, task: &str) {
+        self.held().remove(task);
+    }
+
+    async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let ttl = self.cluster.lease_ttl();
+        let mut tick = tokio::time::interval((ttl / 3).max(Duration::from_millis(50)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => return,
+            }
+            let leases: Vec<(Lease, Arc<AtomicU64>)> = self.held().values().cloned().collect();
+            if leases.is_empty() {
+                continue;
+            }
+            let sent = mono_ms();
+            let only: Vec<Lease> = leases.iter().map(|(l, _)| l.clone()).collect();
+            match self.cluster.renew_all(&only).await {
+                Ok(held) => {
+                    let margin = lease_margin(ttl);
+                    for ((lease, valid_until), held) in leases.iter().zip(held) {
+                        if held {
+                            valid_until.fetch_max(sent + margin, Ordering::Relaxed);
+                        } else {
+                            tracing::warn!(task = %lease.task, epoch = lease.epoch, "lease lost to another worker; stopping the task");
+                            valid_until.store(0, Ordering::Relaxed);
+                            let _ = self.lost.send(lease.task.clone());
+                        }
+                    }
+                }
+                // Tasks stop by themselves once their lease may have lapsed.
+                Err(e) => tracing::warn!(error = %e, leases = leases.len(), "cannot renew leases"),
+            }
+        }
+    }
+}
+
 struct Running {
     kind: TaskKind,
     lease: Lease,
-    plan_version: u64,
+    digest: u64,
+    /// Source tasks restart when their generation changes (shard tasks apply restarts of
+    /// their subscriptions themselves).
     generation: u64,
-    /// Until when (ms since the epoch) the lease is surely still ours.
     valid_until: Arc<AtomicU64>,
     stop: watch::Sender<bool>,
+    /// Shard tasks: where a changed definition of their bus goes.
+    update: Option<watch::Sender<Arc<BusPlan>>>,
     handle: JoinHandle<()>,
 }
 
@@ -191,17 +357,21 @@ struct WorkerLoop {
     plan: watch::Receiver<Arc<Plan>>,
     stop: watch::Receiver<bool>,
     running: HashMap<String, Running>,
+    /// Pause and restart requests, for the shard tasks to apply to their subscriptions.
+    control: watch::Sender<Arc<Control>>,
+    leases: Arc<LeaseKeeper>,
+    lost: mpsc::UnboundedReceiver<String>,
+    /// The last state reported for each source connector, so status is written on change.
+    reported: HashMap<String, State>,
 }
 
 impl WorkerLoop {
     async fn run(mut self) {
-        let ttl = self.cluster.lease_ttl();
         let mut notices = self.cluster.notices();
         let mut tick = tokio::time::interval(self.options.tick);
-        let mut renew = tokio::time::interval((ttl / 3).max(Duration::from_millis(100)));
         let mut commit = tokio::time::interval(self.options.delivery.commit_interval);
         let mut housekeeping = tokio::time::interval(Duration::from_secs(5));
-        for t in [&mut tick, &mut renew, &mut commit, &mut housekeeping] {
+        for t in [&mut tick, &mut commit, &mut housekeeping] {
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         }
         loop {
@@ -218,9 +388,13 @@ impl WorkerLoop {
                         self.reconcile().await;
                     }
                 }
-                _ = renew.tick() => self.renew().await,
+                Some(task) = self.lost.recv() => {
+                    if self.running.contains_key(&task) {
+                        self.stop_tasks(&[task], State::Unassigned).await;
+                    }
+                }
                 _ = commit.tick() => self.commit().await,
-                _ = housekeeping.tick() => self.release_passed_segments().await,
+                _ = housekeeping.tick() => self.release_passed_records().await,
             }
         }
         let ids: Vec<String> = self.running.keys().cloned().collect();
@@ -243,6 +417,13 @@ impl WorkerLoop {
                 return;
             }
         };
+        self.control.send_if_modified(|current| {
+            let changed = **current != control;
+            if changed {
+                *current = Arc::new(control.clone());
+            }
+            changed
+        });
         let plan = self.plan.borrow().clone();
         let tasks = plan.tasks();
         let ids: Vec<String> = tasks.keys().cloned().collect();
@@ -250,16 +431,24 @@ impl WorkerLoop {
         let me = self.cluster.worker_id().to_string();
         let mine = |task: &str| owners.get(task).is_some_and(|o| *o == me);
 
-        // Stop what is no longer ours, paused, restarted, redefined, or ended by itself.
+        // Stop what is no longer ours or no longer defined, sources that are paused,
+        // restarted or redefined, and tasks that ended by themselves.
         let stale: Vec<String> = self
             .running
             .iter()
             .filter(|(id, r)| {
-                !mine(id)
-                    || control.is_paused(r.kind.connector(), id)
-                    || r.plan_version != plan.version
-                    || r.generation != control.generation(r.kind.connector(), id)
-                    || r.handle.is_finished()
+                let Some(kind) = tasks.get(*id) else {
+                    return true;
+                };
+                let source_changed = match &r.kind {
+                    TaskKind::Source { source, .. } => {
+                        control.is_paused(&source.id, id)
+                            || r.generation != control.generation(&source.id, id)
+                            || r.digest != kind.digest()
+                    }
+                    TaskKind::Shard { .. } => false,
+                };
+                !mine(id) || source_changed || r.handle.is_finished()
             })
             .map(|(id, _)| id.clone())
             .collect();
@@ -268,69 +457,89 @@ impl WorkerLoop {
             self.stop_tasks(&stale, State::Unassigned).await;
         }
 
+        // Shard tasks whose bus changed take the new definition in place.
+        for (id, r) in &mut self.running {
+            if let (Some(TaskKind::Shard { bus, .. }), Some(update)) = (tasks.get(id), &r.update) {
+                if r.digest != bus.digest {
+                    tracing::info!(task = %id, "the bus's rules changed; updating the running task");
+                    r.digest = bus.digest;
+                    let _ = update.send(bus.clone());
+                }
+            }
+        }
+
         for (id, kind) in &tasks {
             if !mine(id) || self.running.contains_key(id) {
                 continue;
             }
-            if control.is_paused(kind.connector(), id) {
-                self.cluster.report(id, State::Paused, None).await;
-                continue;
+            if let TaskKind::Source { source, .. } = kind {
+                if control.is_paused(&source.id, id) {
+                    self.report_once(id, State::Paused).await;
+                    continue;
+                }
             }
+            let asked = mono_ms();
             match self.cluster.acquire(id).await {
-                Ok(Some(lease)) => self.start_task(&plan, &control, kind.clone(), lease).await,
+                Ok(Some(lease)) => {
+                    // Validity counts from before the request: a slow answer shortens it.
+                    let valid_until = asked + lease_margin(self.cluster.lease_ttl());
+                    if mono_ms() >= valid_until {
+                        tracing::warn!(task = %id, "the lease came back too late to be trusted; trying again on the next tick");
+                        let _ = self.cluster.release(&lease).await;
+                        continue;
+                    }
+                    self.start_task(&control, kind.clone(), lease, valid_until)
+                        .await
+                }
                 // Its previous owner still holds it; its lease lapses or is released soon.
                 Ok(None) => {}
                 Err(e) => tracing::warn!(task = %id, error = %e, "cannot take the task's lease"),
             }
         }
-        for connector in plan.connectors() {
-            if mine(&task_id(connector, 0)) {
-                let state = if control.paused.contains(connector) {
+        for source in &plan.sources {
+            if mine(&task_id(&source.id, 0)) {
+                let state = if control.paused.contains(&source.id) {
                     State::Paused
                 } else {
                     State::Running
                 };
-                self.cluster.report(connector, state, None).await;
+                self.report_once(&source.id, state).await;
             }
         }
     }
 
-    async fn start_task(&mut self, plan: &Plan, control: &Control, kind: TaskKind, lease: Lease) {
+    /// Reports a state unless it is the one this worker reported last.
+    async fn report_once(&mut self, id: &str, state: State) {
+        if self.reported.get(id) != Some(&state) {
+            self.reported.insert(id.to_string(), state);
+            self.cluster.report(id, state, None).await;
+        }
+    }
+
+    async fn start_task(&mut self, control: &Control, kind: TaskKind, lease: Lease, until: u64) {
         let id = lease.task.clone();
-        let valid_until = Arc::new(AtomicU64::new(
-            now_ms() + lease_margin(self.cluster.lease_ttl()),
-        ));
+        let valid_until = Arc::new(AtomicU64::new(until));
         let (stop, stop_rx) = watch::channel(false);
+        let mut update = None;
         let handle = match &kind {
-            TaskKind::Deliver { sub, shard } => {
-                let shard = *shard;
-                let Some(log) = plan.logs.get(&sub.bus).cloned() else {
-                    let _ = self.cluster.release(&lease).await;
-                    return;
-                };
-                self.positions.own(&sub.id, shard, &lease);
-                let from = match self.positions.load(&sub.id, shard).await {
-                    Ok(p) => p.unwrap_or(0),
-                    Err(e) => {
-                        tracing::warn!(task = %id, error = %e, "cannot load the task's position; retrying on the next tick");
-                        self.positions.disown(&id);
-                        let _ = self.cluster.release(&lease).await;
-                        return;
-                    }
-                };
-                let task = Task {
-                    sub: sub.clone(),
-                    shard,
-                    log,
+            TaskKind::Shard { bus, shard } => {
+                let (update_tx, update_rx) = watch::channel(bus.clone());
+                update = Some(update_tx);
+                let task = shard::ShardTask {
+                    id: id.clone(),
+                    shard: *shard,
+                    lease: lease.clone(),
                     positions: self.positions.clone(),
+                    cluster: self.cluster.clone(),
                     delivery: self.options.delivery.clone(),
+                    read_wait: self.options.read_wait,
                     stop: stop_rx,
                     valid_until: valid_until.clone(),
-                    cluster: self.cluster.clone(),
-                    id: id.clone(),
+                    plans: update_rx,
+                    control: self.control.subscribe(),
                 };
-                tracing::info!(task = %id, epoch = lease.epoch, from, worker = %self.cluster.worker_id(), "task started");
-                tokio::spawn(task.run(from))
+                tracing::info!(task = %id, epoch = lease.epoch, worker = %self.cluster.worker_id(), subscriptions = bus.subscriptions.len(), "shard task started");
+                tokio::spawn(task.run())
             }
             TaskKind::Source { source, index } => {
                 let task = SourceTask {
@@ -343,19 +552,25 @@ impl WorkerLoop {
                     stop: stop_rx,
                 };
                 tracing::info!(task = %id, epoch = lease.epoch, worker = %self.cluster.worker_id(), "source task started");
+                self.cluster.report(&id, State::Running, None).await;
                 tokio::spawn(task.run())
             }
         };
-        self.cluster.report(&id, State::Running, None).await;
+        let connector = match &kind {
+            TaskKind::Shard { .. } => "",
+            TaskKind::Source { source, .. } => source.id.as_str(),
+        };
+        self.leases.add(&lease, valid_until.clone());
         self.running.insert(
             id.clone(),
             Running {
-                generation: control.generation(kind.connector(), &id),
+                generation: control.generation(connector, &id),
+                digest: kind.digest(),
                 kind,
                 lease,
-                plan_version: plan.version,
                 valid_until,
                 stop,
+                update,
                 handle,
             },
         );
@@ -378,6 +593,7 @@ impl WorkerLoop {
         }
         self.commit().await;
         for (id, r) in stopped {
+            self.leases.remove(&id);
             self.positions.disown(&id);
             // A slow stop may have let the lease lapse, and another worker may run the task
             // (and have reported it RUNNING) already: report and release only while the
@@ -385,7 +601,15 @@ impl WorkerLoop {
             // reports RUNNING.
             match self.cluster.renew(&r.lease).await {
                 Ok(true) => {
-                    self.cluster.report(&id, state, None).await;
+                    let mut reports = vec![(id.clone(), state, None)];
+                    if let TaskKind::Shard { bus, shard } = &r.kind {
+                        reports.extend(
+                            bus.subscriptions
+                                .iter()
+                                .map(|s| (task_id(&s.id, *shard), state, None)),
+                        );
+                    }
+                    self.cluster.report_many(reports).await;
                     if let Err(e) = self.cluster.release(&r.lease).await {
                         tracing::warn!(task = %id, error = %e, "cannot release the lease; it lapses by itself");
                     }
@@ -397,27 +621,6 @@ impl WorkerLoop {
                     tracing::warn!(task = %id, error = %e, "cannot check the lease; it lapses by itself")
                 }
             }
-        }
-    }
-
-    async fn renew(&mut self) {
-        let margin = lease_margin(self.cluster.lease_ttl());
-        let mut lost = Vec::new();
-        for (id, r) in &self.running {
-            let started = now_ms();
-            match self.cluster.renew(&r.lease).await {
-                Ok(true) => r.valid_until.store(started + margin, Ordering::Relaxed),
-                Ok(false) => {
-                    tracing::warn!(task = %id, "lease lost to another worker; stopping the task");
-                    r.valid_until.store(0, Ordering::Relaxed);
-                    lost.push(id.clone());
-                }
-                // The task stops by itself when its lease may have lapsed.
-                Err(e) => tracing::warn!(task = %id, error = %e, "cannot renew the lease"),
-            }
-        }
-        if !lost.is_empty() {
-            self.stop_tasks(&lost, State::Unassigned).await;
         }
     }
 
@@ -436,261 +639,33 @@ impl WorkerLoop {
         }
     }
 
-    /// Lets the log drop records every subscription of the bus has committed past.
-    async fn release_passed_segments(&mut self) {
-        let plan = self.plan.borrow().clone();
-        let mut shards: Vec<(String, u32)> = self
-            .running
-            .values()
-            .filter_map(|r| match &r.kind {
-                TaskKind::Deliver { sub, shard } => Some((sub.bus.clone(), *shard)),
-                TaskKind::Source { .. } => None,
-            })
-            .collect();
-        shards.sort();
-        shards.dedup();
-        for (bus, shard) in shards {
-            let Some(log) = plan.logs.get(&bus) else {
+    /// Lets each log drop the records every subscription of its shard has committed past.
+    /// The shard task's committed positions cover all of its subscriptions, so this costs
+    /// one call per owned shard, whatever the number of rules.
+    async fn release_passed_records(&mut self) {
+        for r in self.running.values() {
+            let TaskKind::Shard { bus, shard } = &r.kind else {
                 continue;
             };
-            let mut min: Option<Seq> = None;
-            let mut known = true;
-            for sub in plan.subscriptions.iter().filter(|s| s.bus == bus) {
-                match self.positions.committed(&sub.id, shard).await {
-                    Ok(Some(p)) => min = Some(min.map_or(p, |m| m.min(p))),
-                    _ => known = false,
-                }
-            }
-            if let (true, Some(min)) = (known, min) {
-                if let Err(e) = log.release(shard, min).await {
-                    tracing::warn!(bus, shard, error = %e, "releasing passed records failed");
-                }
+            let Some(min) = self
+                .positions
+                .committed_group(&bus.name, *shard)
+                .and_then(|g| g.min())
+            else {
+                continue;
+            };
+            if let Err(e) = bus.log.release(*shard, min).await {
+                tracing::warn!(bus = %bus.name, shard, error = %e, "releasing passed records failed");
             }
         }
     }
 }
 
-/// How long a stopping task waits for its delivery in flight.
+/// How long a stopping task waits for its deliveries in flight.
 const STOP_GRACE: Duration = Duration::from_millis(500);
 
 /// A lease is trusted locally for 4/5 of its time to live after a successful renewal, so a
 /// paused or partitioned worker stops delivering before another worker can take over.
 fn lease_margin(ttl: Duration) -> u64 {
     (ttl.as_millis() as u64) * 4 / 5
-}
-
-struct Task {
-    id: String,
-    sub: Arc<Subscription>,
-    shard: u32,
-    log: Arc<dyn BusLog>,
-    positions: Arc<dyn PositionStore>,
-    delivery: DeliveryConfig,
-    stop: watch::Receiver<bool>,
-    valid_until: Arc<AtomicU64>,
-    cluster: Arc<dyn Cluster>,
-}
-
-impl Task {
-    fn leased(&self) -> bool {
-        now_ms() < self.valid_until.load(Ordering::Relaxed)
-    }
-
-    async fn run(mut self, from: Seq) {
-        let sub = self.sub.id.clone();
-        let shard = self.shard;
-        let mut backoff = self.delivery.initial_backoff;
-        let mut next = from;
-        'reopen: loop {
-            let mut reader = match self.log.reader(shard, next).await {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::error!(subscription = %sub, shard, error = %e, "cannot open the shard");
-                    if self.pause(&mut backoff, Some(e.to_string())).await {
-                        return;
-                    }
-                    continue 'reopen;
-                }
-            };
-            let mut tail = self.log.tail(shard);
-            let mut idle = Duration::from_millis(5);
-            loop {
-                if *self.stop.borrow() || !self.leased() {
-                    return;
-                }
-                let records = match reader.read(self.delivery.batch_size).await {
-                    Ok(r) => r,
-                    Err(e) => {
-                        tracing::error!(subscription = %sub, shard, error = %e, "reading the shard failed");
-                        if self.pause(&mut backoff, Some(e.to_string())).await {
-                            return;
-                        }
-                        continue 'reopen;
-                    }
-                };
-                let Some(last) = records.last().map(|r| r.seq) else {
-                    // Local appends wake the task at once; appends by other workers are
-                    // found by polling, less often the longer the shard stays quiet.
-                    let poll = self.log.poll_interval().map(|max| {
-                        idle = (idle * 2).min(max);
-                        idle
-                    });
-                    tokio::select! {
-                        changed = tail.changed() => if changed.is_err() { return },
-                        _ = self.stop.changed() => return,
-                        _ = sleep_or_forever(poll) => {}
-                    }
-                    if !self.delivery.linger.is_zero() {
-                        tokio::time::sleep(self.delivery.linger).await;
-                    }
-                    continue;
-                };
-                idle = Duration::from_millis(5);
-                let events = self.select(records);
-                if !self.deliver(&events, &mut backoff).await {
-                    // Stopped or lease lost before delivery succeeded: the position stays and
-                    // the batch is delivered again by whoever runs the task next.
-                    return;
-                }
-                next = last + 1;
-                self.positions.set(&sub, shard, next);
-            }
-        }
-    }
-
-    /// The records this subscription's rule matches, transformed. Events are decoded only
-    /// when the rule or the transform needs to look inside them. An event the transform
-    /// fails on is reported and left out (it cannot succeed on a retry).
-    fn select(&self, records: Vec<Record>) -> Vec<Envelope> {
-        if self.sub.filter.matches_everything() && self.sub.transform.is_none() {
-            return records
-                .into_iter()
-                .map(|r| Envelope {
-                    raw: r.payload,
-                    event: None,
-                    body: None,
-                })
-                .collect();
-        }
-        let mut out = Vec::with_capacity(records.len());
-        for r in records {
-            let event = match cloudevent::decode(&r.payload) {
-                Ok(event) => event,
-                Err(e) => {
-                    tracing::error!(subscription = %self.sub.id, shard = self.shard, seq = r.seq, error = %e, "a stored event does not decode; skipping it");
-                    continue;
-                }
-            };
-            if !self.sub.filter.matches(&event) {
-                continue;
-            }
-            let Some(chain) = &self.sub.transform else {
-                out.push(Envelope {
-                    raw: r.payload,
-                    event: Some(event),
-                    body: None,
-                });
-                continue;
-            };
-            match chain.apply(&event) {
-                Ok(Output::Event(transformed)) => match cloudevent::encode(&transformed) {
-                    Ok(raw) => out.push(Envelope {
-                        raw: raw.into(),
-                        event: Some(transformed),
-                        body: None,
-                    }),
-                    Err(e) => {
-                        tracing::error!(subscription = %self.sub.id, seq = r.seq, error = %e, "cannot encode a transformed event; skipping it")
-                    }
-                },
-                Ok(Output::Body {
-                    content_type,
-                    bytes,
-                }) => out.push(Envelope {
-                    raw: r.payload,
-                    event: Some(event),
-                    body: Some(Body {
-                        content_type,
-                        bytes: bytes.into(),
-                    }),
-                }),
-                Err(e) => {
-                    tracing::error!(subscription = %self.sub.id, shard = self.shard, seq = r.seq, error = %e, "the transform failed on this event; skipping it")
-                }
-            }
-        }
-        out
-    }
-
-    /// Delivers (retries, backoff and dead letters: see `delivery`); false if stopped (or
-    /// the lease lapsed) first. Stopping cancels a delivery that does not finish within
-    /// `STOP_GRACE`: the position has not moved, so the batch is delivered again by whoever
-    /// runs the task next.
-    async fn deliver(&mut self, events: &[Envelope], backoff: &mut Duration) -> bool {
-        if events.is_empty() {
-            return true;
-        }
-        let sub = self.sub.clone();
-        let deliver = sub.delivery.deliver(events);
-        tokio::pin!(deliver);
-        let mut check = tokio::time::interval(Duration::from_millis(250));
-        let mut failed = false;
-        loop {
-            if !self.leased() {
-                return false;
-            }
-            tokio::select! {
-                () = &mut deliver => {
-                    *backoff = self.delivery.initial_backoff;
-                    if failed {
-                        self.report(State::Running, None).await;
-                    }
-                    return true;
-                }
-                _ = self.stop.changed() => {
-                    // Stopping (shutdown, rebalance): a delivery in flight gets a moment
-                    // to finish so its position is recorded and a graceful stop sends
-                    // nothing twice; past the grace, or the lease, it is dropped.
-                    let left = self.valid_until.load(Ordering::Relaxed).saturating_sub(now_ms());
-                    let grace = STOP_GRACE.min(Duration::from_millis(left));
-                    return tokio::time::timeout(grace, &mut deliver).await.is_ok();
-                }
-                _ = check.tick() => {
-                    if let Some(reason) = sub.delivery.last_error() {
-                        if !failed {
-                            failed = true;
-                            self.report(State::Failed, Some(reason)).await;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    async fn report(&self, state: State, reason: Option<String>) {
-        // Once the lease may have moved, the status is the next owner's to write.
-        if !self.leased() {
-            return;
-        }
-        self.cluster.report(&self.id, state, reason).await;
-    }
-
-    /// Reports the failure, waits out the backoff (doubling it for next time); true if
-    /// asked to stop meanwhile.
-    async fn pause(&mut self, backoff: &mut Duration, reason: Option<String>) -> bool {
-        self.report(State::Failed, reason).await;
-        let wait = *backoff;
-        *backoff = (*backoff * 2).min(self.delivery.max_backoff);
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => *self.stop.borrow(),
-            _ = self.stop.changed() => true,
-        }
-    }
-}
-
-async fn sleep_or_forever(duration: Option<Duration>) {
-    match duration {
-        Some(d) => tokio::time::sleep(d).await,
-        None => std::future::pending().await,
-    }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::runtime::cluster::{now_ms, Cluster, Lease, State};
+use crate::runtime::cluster::{mono_ms, Cluster, Lease, State};
 use crate::store::{BusLog, PositionStore};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -90,7 +90,7 @@ impl SourceTask {
 
     /// Whether the task may still append and record positions.
     pub fn leased(&self) -> bool {
-        now_ms() < self.valid_until.load(Ordering::Relaxed)
+        mono_ms() < self.valid_until.load(Ordering::Relaxed)
     }
 
     pub fn stopping(&self) -> bool {

@@ -1,10 +1,11 @@
 //! The storage traits every mode implements: bus logs (one ordered log per shard) and
 //! positions (how far each subscription has delivered each shard). The embedded backend keeps
-//! them on local disk; the distributed backend will keep them in Redis behind the same traits.
+//! them on local disk; the distributed backend keeps them in Redis behind the same traits.
 
 pub mod embedded;
 pub mod redis;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -69,12 +70,6 @@ pub trait BusLog: Send + Sync + 'static {
     /// The next sequence number the shard will give out, read from the store itself.
     async fn end(&self, shard: u32) -> Result<Seq, StoreError>;
 
-    /// How often an idle reader should look for records appended by other processes;
-    /// `None` when `tail` already tells of every append.
-    fn poll_interval(&self) -> Option<Duration> {
-        None
-    }
-
     /// Records below `seq` are no longer needed by anyone and may be deleted.
     async fn release(&self, shard: u32, seq: Seq) -> Result<(), StoreError>;
 
@@ -83,9 +78,52 @@ pub trait BusLog: Send + Sync + 'static {
 }
 
 #[async_trait]
-pub trait ShardReader: Send {
+pub trait ShardReader: Send + Sync {
     /// Up to `max` durable records from the reader's position on; empty when it is at the tail.
     async fn read(&mut self, max: usize) -> Result<Vec<Record>, StoreError>;
+
+    /// Like `read`, but at the tail waits up to `wait` for new records (a blocking read in
+    /// Redis, the tail's change notice in the embedded log), so an idle reader costs nothing
+    /// between appends.
+    async fn read_wait(&mut self, max: usize, wait: Duration) -> Result<Vec<Record>, StoreError>;
+}
+
+/// The positions of every subscription of one bus shard, kept as one value so that its
+/// size and the cost of committing it do not grow with the number of subscriptions that
+/// are simply keeping up: those are all at `shared` (the shard reader's position), and only
+/// subscriptions that are behind, ahead, paused or catching up are listed in `own`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupPositions {
+    /// Where every subscription in `known` but not in `own` is; `None` before the first
+    /// commit of the shard.
+    pub shared: Option<Seq>,
+    /// Subscriptions (`{rule}/{target}`) whose position differs from `shared`.
+    pub own: BTreeMap<String, Seq>,
+    /// Every subscription that has a position in this shard. A subscription of the bus that
+    /// is not here is new: it starts at the end of the shard.
+    pub known: BTreeSet<String>,
+}
+
+impl GroupPositions {
+    /// Where the subscription is, if it has a position.
+    pub fn of(&self, subscription: &str) -> Option<Seq> {
+        if let Some(seq) = self.own.get(subscription) {
+            return Some(*seq);
+        }
+        if self.known.contains(subscription) {
+            return self.shared;
+        }
+        None
+    }
+
+    /// The lowest position of any subscription: records below it are no longer needed.
+    pub fn min(&self) -> Option<Seq> {
+        let own = self.own.values().copied().min();
+        match (self.shared, own) {
+            (Some(s), Some(o)) => Some(s.min(o)),
+            (s, o) => s.or(o),
+        }
+    }
 }
 
 /// Where each subscription has got to in each shard (the next sequence number to deliver).
@@ -119,4 +157,17 @@ pub trait PositionStore: Send + Sync + 'static {
 
     /// The position as of the last successful commit: what a restart resumes from.
     async fn committed(&self, subscription: &str, shard: u32) -> Result<Option<Seq>, StoreError>;
+
+    /// The committed positions of the subscriptions of one bus shard.
+    async fn load_group(&self, bus: &str, shard: u32) -> Result<GroupPositions, StoreError>;
+
+    /// This worker now commits the bus shard's positions under `lease` (its shard task's).
+    fn own_group(&self, bus: &str, shard: u32, lease: &Lease);
+
+    /// Records the bus shard's positions; made durable by the next `flush`, fenced by the
+    /// lease given to `own_group`. `disown(lease.task)` forgets them.
+    fn set_group(&self, bus: &str, shard: u32, positions: GroupPositions);
+
+    /// The bus shard's positions as of the last successful commit by this worker.
+    fn committed_group(&self, bus: &str, shard: u32) -> Option<GroupPositions>;
 }

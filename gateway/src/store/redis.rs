@@ -4,7 +4,9 @@
 //! ```text
 //! {p}:bus:{bus}:{shard}        stream; entry id 0-{seq+1}, field `e` = the stored event
 //! {p}:bus:{bus}:{shard}:next   next sequence number of the shard
-//! {p}:pos:{subscription}       hash: shard -> next sequence number to deliver
+//! {p}:gpos:{bus}:{shard}       hash: positions of the bus shard's subscriptions: `~shared`,
+//!                              `~known` (the subscriptions, one per line) and one field per
+//!                              subscription that is not at `~shared`
 //! {p}:pos:source/{name}@{broker} hash: queue id -> next offset to read (source connectors)
 //! {p}:lease:{task}             "{worker}|{epoch}", expires after the lease TTL
 //! {p}:epoch:{task}             fencing epoch counter of the task
@@ -32,7 +34,9 @@ use redis::{AsyncCommands as _, Script};
 use tokio::sync::watch;
 
 use crate::runtime::cluster::{Cluster, Control, Lease, Status};
-use crate::store::{BusLog, PositionStore, Record, Seq, ShardAppend, ShardReader, StoreError};
+use crate::store::{
+    BusLog, GroupPositions, PositionStore, Record, Seq, ShardAppend, ShardReader, StoreError,
+};
 
 fn redis_error(context: &str, e: &redis::RedisError) -> StoreError {
     StoreError::Unavailable(format!("redis {context}: {e}"))
@@ -44,6 +48,7 @@ pub struct Redis {
     conn: ConnectionManager,
     client: redis::Client,
     prefix: String,
+    timeout: Duration,
 }
 
 impl Redis {
@@ -62,7 +67,23 @@ impl Redis {
             conn,
             client,
             prefix: prefix.to_string(),
+            timeout,
         })
+    }
+
+    /// A connection of its own for blocking reads (`XREAD BLOCK`), which would hold up
+    /// every other call on the shared multiplexed connection.
+    async fn blocking_connection(
+        &self,
+        block: Duration,
+    ) -> Result<redis::aio::MultiplexedConnection, StoreError> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(block + self.timeout))
+            .set_connection_timeout(Some(self.timeout));
+        self.client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| redis_error("connect", &e))
     }
 
     pub fn key(&self, parts: &[&str]) -> String {
@@ -106,20 +127,18 @@ pub struct RedisLog {
     bus: String,
     shards: u32,
     append: Script,
-    /// What this worker knows of each shard's end; remote appends are found by polling.
+    /// What this worker knows of each shard's end (its own appends).
     tails: Vec<watch::Sender<Seq>>,
-    poll: Duration,
 }
 
 impl RedisLog {
-    pub fn new(redis: Redis, bus: &str, shards: u32, poll: Duration) -> RedisLog {
+    pub fn new(redis: Redis, bus: &str, shards: u32) -> RedisLog {
         RedisLog {
             redis,
             bus: bus.to_string(),
             shards,
             append: Script::new(APPEND),
             tails: (0..shards).map(|_| watch::Sender::new(0)).collect(),
-            poll,
         }
     }
 
@@ -190,6 +209,7 @@ impl BusLog for RedisLog {
             redis: self.redis.clone(),
             stream: self.stream(shard),
             next: from,
+            blocking: None,
         }))
     }
 
@@ -224,16 +244,14 @@ impl BusLog for RedisLog {
     fn healthy(&self) -> bool {
         true
     }
-
-    fn poll_interval(&self) -> Option<Duration> {
-        Some(self.poll)
-    }
 }
 
 struct RedisReader {
     redis: Redis,
     stream: String,
     next: Seq,
+    /// The reader's own connection for blocking reads, made on first use.
+    blocking: Option<redis::aio::MultiplexedConnection>,
 }
 
 type StreamEntries = Vec<(String, Vec<(String, Vec<u8>)>)>;
@@ -250,6 +268,43 @@ impl ShardReader for RedisReader {
             .query_async(&mut self.redis.conn())
             .await
             .map_err(|e| redis_error("read", &e))?;
+        self.records(entries)
+    }
+
+    async fn read_wait(&mut self, max: usize, wait: Duration) -> Result<Vec<Record>, StoreError> {
+        let mut conn = match self.blocking.take() {
+            Some(conn) => conn,
+            None => self.redis.blocking_connection(wait).await?,
+        };
+        // XREAD answers entries after the id given: `0-{next}` is the entry of seq next-1.
+        let reply: Result<Option<Vec<(String, StreamEntries)>>, _> = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(max)
+            .arg("BLOCK")
+            .arg(wait.as_millis().max(1) as u64)
+            .arg("STREAMS")
+            .arg(&self.stream)
+            .arg(format!("0-{}", self.next))
+            .query_async(&mut conn)
+            .await;
+        match reply {
+            Ok(reply) => {
+                self.blocking = Some(conn);
+                let entries = reply
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|(_, entries)| entries)
+                    .collect();
+                self.records(entries)
+            }
+            // A broken connection is made anew on the next call.
+            Err(e) => Err(redis_error("read", &e)),
+        }
+    }
+}
+
+impl RedisReader {
+    fn records(&mut self, entries: StreamEntries) -> Result<Vec<Record>, StoreError> {
         let mut records = Vec::with_capacity(entries.len());
         for (id, fields) in entries {
             let seq = seq_of(&id).ok_or_else(|| {
@@ -281,11 +336,25 @@ if tonumber(ARGV[3]) > current then redis.call('HSET', KEYS[2], ARGV[2], ARGV[3]
 return 1
 ";
 
+/// Commits a bus shard's positions: the changed fields and the removed ones, in one step.
+/// ARGV: lease value, number of fields to set, then name/value pairs, then fields to delete.
+const COMMIT_GROUP: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local n = tonumber(ARGV[2])
+if n > 0 then redis.call('HSET', KEYS[2], unpack(ARGV, 3, 2 + 2 * n)) end
+if #ARGV > 2 + 2 * n then redis.call('HDEL', KEYS[2], unpack(ARGV, 3 + 2 * n, #ARGV)) end
+return 1
+";
+
+const SHARED_FIELD: &str = "~shared";
+const KNOWN_FIELD: &str = "~known";
+
 /// Positions in Redis; every commit is checked against the task's lease (fencing).
 pub struct RedisPositions {
     redis: Redis,
     worker: String,
     commit: Script,
+    commit_group: Script,
     state: Mutex<PositionState>,
 }
 
@@ -294,6 +363,16 @@ struct PositionState {
     pending: HashMap<(String, u32), Seq>,
     /// The lease (task, epoch) each owned position is committed under.
     owners: HashMap<(String, u32), (String, u64)>,
+    /// Bus shards run by this worker, by (bus, shard).
+    groups: HashMap<(String, u32), GroupState>,
+}
+
+#[derive(Default)]
+struct GroupState {
+    owner: Option<(String, u64)>,
+    /// What Redis holds, as last read or committed: commits send only the difference.
+    committed: Option<GroupPositions>,
+    latest: Option<GroupPositions>,
 }
 
 impl RedisPositions {
@@ -302,10 +381,126 @@ impl RedisPositions {
             redis,
             worker: worker.to_string(),
             commit: Script::new(COMMIT),
+            commit_group: Script::new(COMMIT_GROUP),
             state: Mutex::new(PositionState::default()),
         }
     }
 
+    fn group_hash(&self, bus: &str, shard: u32) -> String {
+        self.redis.key(&["gpos", bus, &shard.to_string()])
+    }
+
+    /// Commits every bus shard whose positions moved; returns the fenced tasks.
+    async fn flush_groups(&self) -> Result<Vec<String>, StoreError> {
+        let work: Vec<(
+            (String, u32),
+            (String, u64),
+            Option<GroupPositions>,
+            GroupPositions,
+        )> = {
+            let state = self.lock();
+            state
+                .groups
+                .iter()
+                .filter_map(|(key, g)| {
+                    let latest = g.latest.as_ref()?;
+                    let owner = g.owner.clone()?;
+                    (g.committed.as_ref() != Some(latest))
+                        .then(|| (key.clone(), owner, g.committed.clone(), latest.clone()))
+                })
+                .collect()
+        };
+        let mut fenced = Vec::new();
+        for ((bus, shard), (task, epoch), committed, latest) in work {
+            let (set, del) = group_diff(committed.as_ref(), &latest);
+            let mut invocation = self.commit_group.prepare_invoke();
+            invocation
+                .key(self.redis.key(&["lease", &task]))
+                .key(self.group_hash(&bus, shard))
+                .arg(format!("{}|{epoch}", self.worker))
+                .arg(set.len());
+            for (field, value) in &set {
+                invocation.arg(field).arg(value);
+            }
+            for field in &del {
+                invocation.arg(field);
+            }
+            match invocation
+                .invoke_async::<i64>(&mut self.redis.conn())
+                .await
+                .map_err(|e| redis_error("commit positions", &e))?
+            {
+                1 => {
+                    if let Some(g) = self.lock().groups.get_mut(&(bus, shard)) {
+                        g.committed = Some(latest);
+                    }
+                }
+                _ => fenced.push(task),
+            }
+        }
+        Ok(fenced)
+    }
+}
+
+/// The fields to set and to delete to turn `from` (what Redis holds) into `to`.
+fn group_diff(
+    from: Option<&GroupPositions>,
+    to: &GroupPositions,
+) -> (Vec<(String, String)>, Vec<String>) {
+    let empty = GroupPositions::default();
+    let from = from.unwrap_or(&empty);
+    let mut set = Vec::new();
+    let mut del = Vec::new();
+    if to.shared != from.shared {
+        match to.shared {
+            Some(seq) => set.push((SHARED_FIELD.to_string(), seq.to_string())),
+            None => del.push(SHARED_FIELD.to_string()),
+        }
+    }
+    if to.known != from.known {
+        let known: Vec<&str> = to.known.iter().map(String::as_str).collect();
+        set.push((KNOWN_FIELD.to_string(), known.join("\n")));
+    }
+    for (name, seq) in &to.own {
+        if from.own.get(name) != Some(seq) {
+            set.push((name.clone(), seq.to_string()));
+        }
+    }
+    for name in from.own.keys() {
+        if !to.own.contains_key(name) {
+            del.push(name.clone());
+        }
+    }
+    (set, del)
+}
+
+fn parse_group(fields: HashMap<String, String>) -> Result<GroupPositions, StoreError> {
+    let mut group = GroupPositions::default();
+    let number = |field: &str, value: &str| {
+        value.parse::<Seq>().map_err(|_| {
+            StoreError::Corrupt(format!("position `{field}` is not a number: {value}"))
+        })
+    };
+    for (field, value) in fields {
+        match field.as_str() {
+            SHARED_FIELD => group.shared = Some(number(&field, &value)?),
+            KNOWN_FIELD => {
+                group.known = value
+                    .split('\n')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect();
+            }
+            _ => {
+                let seq = number(&field, &value)?;
+                group.own.insert(field, seq);
+            }
+        }
+    }
+    Ok(group)
+}
+
+impl RedisPositions {
     fn lock(&self) -> std::sync::MutexGuard<'_, PositionState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -354,9 +549,52 @@ impl PositionStore for RedisPositions {
             state.owners.remove(&key);
             state.pending.remove(&key);
         }
+        state
+            .groups
+            .retain(|_, g| g.owner.as_ref().is_none_or(|(t, _)| t != task));
+    }
+
+    async fn load_group(&self, bus: &str, shard: u32) -> Result<GroupPositions, StoreError> {
+        let fields: HashMap<String, String> = self
+            .redis
+            .conn()
+            .hgetall(self.group_hash(bus, shard))
+            .await
+            .map_err(|e| redis_error("read positions", &e))?;
+        let group = parse_group(fields)?;
+        let mut state = self.lock();
+        let g = state.groups.entry((bus.to_string(), shard)).or_default();
+        g.committed = Some(group.clone());
+        g.latest = None;
+        Ok(group)
+    }
+
+    fn own_group(&self, bus: &str, shard: u32, lease: &Lease) {
+        self.lock()
+            .groups
+            .entry((bus.to_string(), shard))
+            .or_default()
+            .owner = Some((lease.task.clone(), lease.epoch));
+    }
+
+    fn set_group(&self, bus: &str, shard: u32, positions: GroupPositions) {
+        self.lock()
+            .groups
+            .entry((bus.to_string(), shard))
+            .or_default()
+            .latest = Some(positions);
+    }
+
+    fn committed_group(&self, bus: &str, shard: u32) -> Option<GroupPositions> {
+        self.lock()
+            .groups
+            .get(&(bus.to_string(), shard))?
+            .committed
+            .clone()
     }
 
     async fn flush(&self) -> Result<Vec<String>, StoreError> {
+        let mut fenced = self.flush_groups().await?;
         let batch: Vec<((String, u32), Seq, Option<(String, u64)>)> = {
             let mut state = self.lock();
             let pending = std::mem::take(&mut state.pending);
@@ -368,7 +606,6 @@ impl PositionStore for RedisPositions {
                 })
                 .collect()
         };
-        let mut fenced = Vec::new();
         let mut batch = batch.into_iter();
         while let Some(((sub, shard), seq, owner)) = batch.next() {
             // Progress of a task this worker no longer runs is never committed.
@@ -453,6 +690,20 @@ end
 return 0
 ";
 
+/// Renews many leases at once. ARGV: the TTL, then one lease value per key.
+const RENEW_ALL: &str = r"
+local out = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[i + 1] then
+    redis.call('PEXPIRE', key, ARGV[1])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+";
+
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -481,6 +732,7 @@ struct Scripts {
     members: Script,
     acquire: Script,
     renew: Script,
+    renew_all: Script,
     release: Script,
 }
 
@@ -498,6 +750,7 @@ impl RedisCluster {
                 members: Script::new(MEMBERS),
                 acquire: Script::new(ACQUIRE),
                 renew: Script::new(RENEW),
+                renew_all: Script::new(RENEW_ALL),
                 release: Script::new(RELEASE),
             },
             stop: watch::Sender::new(false),
@@ -710,6 +963,24 @@ impl Cluster for RedisCluster {
             .map_err(|e| redis_error("renew lease", &e))
     }
 
+    async fn renew_all(&self, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut invocation = self.scripts.renew_all.prepare_invoke();
+        invocation.arg(self.options.lease_ttl.as_millis() as u64);
+        for lease in leases {
+            invocation
+                .key(self.redis.key(&["lease", &lease.task]))
+                .arg(self.lease_value(lease));
+        }
+        let held: Vec<i64> = invocation
+            .invoke_async(&mut self.redis.conn())
+            .await
+            .map_err(|e| redis_error("renew leases", &e))?;
+        Ok(held.into_iter().map(|h| h == 1).collect())
+    }
+
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         self.scripts
             .release
@@ -764,6 +1035,27 @@ impl Cluster for RedisCluster {
             .await
             .map(|_| ())
             .map_err(|e| redis_error("write status", &e))
+    }
+
+    async fn set_statuses(&self, statuses: Vec<Status>) -> Result<(), StoreError> {
+        if statuses.is_empty() {
+            return Ok(());
+        }
+        let mut fields = Vec::with_capacity(statuses.len());
+        for status in &statuses {
+            let json = serde_json::to_string(status)
+                .map_err(|e| StoreError::Unavailable(format!("encode status: {e}")))?;
+            fields.push((status.id.as_str(), json));
+        }
+        // Large sets (thousands of subscriptions) go in slices to keep each call short.
+        for chunk in fields.chunks(1000) {
+            self.redis
+                .conn()
+                .hset_multiple::<_, _, _, ()>(self.redis.key(&["status"]), chunk)
+                .await
+                .map_err(|e| redis_error("write status", &e))?;
+        }
+        Ok(())
     }
 
     async fn statuses(&self) -> Result<Vec<Status>, StoreError> {

@@ -27,6 +27,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -740,6 +741,26 @@ impl ShardReader for EmbeddedReader {
         self.next = state.next;
         self.file = Some(state);
         result
+    }
+
+    async fn read_wait(&mut self, max: usize, wait: Duration) -> Result<Vec<Record>, StoreError> {
+        let records = self.read(max).await?;
+        if !records.is_empty() {
+            return Ok(records);
+        }
+        let next = self.next;
+        let waited = tokio::time::timeout(wait, self.tail.wait_for(|tail| *tail > next))
+            .await
+            .map(|r| r.is_ok());
+        match waited {
+            Ok(true) => self.read(max).await,
+            // The log is closing: nothing more will come.
+            Ok(false) => {
+                tokio::time::sleep(wait).await;
+                Ok(Vec::new())
+            }
+            Err(_) => Ok(Vec::new()),
+        }
     }
 }
 

@@ -1,8 +1,18 @@
-//! Positions on local disk: one JSON file, replaced atomically (write, fsync, rename, fsync
-//! the directory) on each flush. Tasks record progress in memory as they deliver; the runtime
-//! flushes on a short interval and at shutdown, so positions commit in batches.
+//! Positions on local disk: JSON files, each replaced atomically (write, fsync, rename, fsync
+//! the directory) on a flush that changed it. Tasks record progress in memory as they
+//! deliver; the runtime flushes on a short interval and at shutdown, so positions commit in
+//! batches.
+//!
+//! ```text
+//! positions.json       source positions: key -> queue -> next offset
+//! groups.json          bus shards: "{bus}#{shard}" -> { shared, own: subscription -> seq }
+//! subscriptions.json   bus shards: "{bus}#{shard}" -> subscriptions with a position there
+//! ```
+//!
+//! The subscription lists change only when rules do, so they live apart from the
+//! positions that move with every delivery.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -11,21 +21,63 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use crate::runtime::cluster::Lease;
-use crate::store::{PositionStore, Seq, StoreError};
+use crate::store::{GroupPositions, PositionStore, Seq, StoreError};
+use serde::{Deserialize, Serialize};
 
 type Map = BTreeMap<String, BTreeMap<u32, Seq>>;
 
-#[derive(Default)]
-struct State {
-    current: Map,
-    durable: Map,
-    /// Bumped by every `set`; a flush that saw generation N leaves `dirty` only if it moved on.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoredGroup {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shared: Option<Seq>,
+    #[serde(default)]
+    own: BTreeMap<String, Seq>,
+}
+
+type Groups = BTreeMap<String, StoredGroup>;
+type Known = BTreeMap<String, BTreeSet<String>>;
+
+/// One file's content now and as last written, with change generations so a flush writes
+/// only what moved and never lets an older snapshot overwrite a newer one.
+struct Tracked<T> {
+    current: T,
+    durable: T,
+    /// Bumped by every change; a flush that saw generation N marks N written.
     generation: u64,
     flushed_generation: u64,
 }
 
+impl<T: Clone> Tracked<T> {
+    fn new(value: T) -> Self {
+        Tracked {
+            durable: value.clone(),
+            current: value,
+            generation: 0,
+            flushed_generation: 0,
+        }
+    }
+
+    /// A snapshot to write, if anything changed since the last flush.
+    fn pending(&self) -> Option<(T, u64)> {
+        (self.generation != self.flushed_generation)
+            .then(|| (self.current.clone(), self.generation))
+    }
+
+    fn written(&mut self, snapshot: T, generation: u64) {
+        self.flushed_generation = generation;
+        self.durable = snapshot;
+    }
+}
+
+struct State {
+    positions: Tracked<Map>,
+    groups: Tracked<Groups>,
+    known: Tracked<Known>,
+}
+
 pub struct EmbeddedPositions {
-    path: PathBuf,
+    dir: PathBuf,
     state: Mutex<State>,
     /// Serialises flushes so an older snapshot never overwrites a newer one.
     flush_lock: tokio::sync::Mutex<()>,
@@ -33,25 +85,12 @@ pub struct EmbeddedPositions {
 
 impl EmbeddedPositions {
     pub fn open(data_dir: &Path) -> Result<EmbeddedPositions, StoreError> {
-        let path = data_dir.join("positions.json");
-        let current = match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                StoreError::Corrupt(format!("{} is not a positions file: {e}", path.display()))
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Map::new(),
-            Err(e) => {
-                return Err(StoreError::io(
-                    &format!("cannot read {}", path.display()),
-                    &e,
-                ))
-            }
-        };
         Ok(EmbeddedPositions {
-            path,
+            dir: data_dir.to_path_buf(),
             state: Mutex::new(State {
-                durable: current.clone(),
-                current,
-                ..State::default()
+                positions: Tracked::new(read_json(&data_dir.join(POSITIONS))?),
+                groups: Tracked::new(read_json(&data_dir.join(GROUPS))?),
+                known: Tracked::new(read_json(&data_dir.join(KNOWN))?),
             }),
             flush_lock: tokio::sync::Mutex::new(()),
         })
@@ -67,6 +106,7 @@ impl EmbeddedPositions {
 impl EmbeddedPositions {
     fn latest(&self, subscription: &str, shard: u32) -> Option<Seq> {
         self.lock()
+            .positions
             .current
             .get(subscription)
             .and_then(|s| s.get(&shard))
@@ -90,9 +130,13 @@ impl PositionStore for EmbeddedPositions {
 
     fn set(&self, subscription: &str, shard: u32, next: Seq) {
         let mut state = self.lock();
-        let shards = state.current.entry(subscription.to_string()).or_default();
+        let positions = &mut state.positions;
+        let shards = positions
+            .current
+            .entry(subscription.to_string())
+            .or_default();
         if shards.insert(shard, next) != Some(next) {
-            state.generation += 1;
+            positions.generation += 1;
         }
     }
 
@@ -103,38 +147,120 @@ impl PositionStore for EmbeddedPositions {
 
     async fn flush(&self) -> Result<Vec<String>, StoreError> {
         let _guard = self.flush_lock.lock().await;
-        let (snapshot, generation) = {
+        let (positions, groups, known) = {
             let state = self.lock();
-            if state.generation == state.flushed_generation {
-                return Ok(Vec::new());
-            }
-            (state.current.clone(), state.generation)
+            (
+                state.positions.pending(),
+                state.groups.pending(),
+                state.known.pending(),
+            )
         };
-        let path = self.path.clone();
-        let snapshot = tokio::task::spawn_blocking(move || {
-            write_atomically(&path, &snapshot).map(|()| snapshot)
-        })
-        .await
-        .map_err(|e| StoreError::Unavailable(format!("position flush task failed: {e}")))??;
-        let mut state = self.lock();
-        state.flushed_generation = generation;
-        state.durable = snapshot;
+        // Subscription lists first: a group position of a subscription is only read once the
+        // subscription is known, and a known subscription without a group entry is at `shared`.
+        if let Some((snapshot, generation)) = known {
+            let snapshot = self.write(KNOWN, snapshot).await?;
+            self.lock().known.written(snapshot, generation);
+        }
+        if let Some((snapshot, generation)) = groups {
+            let snapshot = self.write(GROUPS, snapshot).await?;
+            self.lock().groups.written(snapshot, generation);
+        }
+        if let Some((snapshot, generation)) = positions {
+            let snapshot = self.write(POSITIONS, snapshot).await?;
+            self.lock().positions.written(snapshot, generation);
+        }
         Ok(Vec::new())
     }
 
     async fn committed(&self, subscription: &str, shard: u32) -> Result<Option<Seq>, StoreError> {
         Ok(self
             .lock()
+            .positions
             .durable
             .get(subscription)
             .and_then(|s| s.get(&shard))
             .copied())
     }
+
+    async fn load_group(&self, bus: &str, shard: u32) -> Result<GroupPositions, StoreError> {
+        let key = group_key(bus, shard);
+        let state = self.lock();
+        let group = state.groups.current.get(&key).cloned().unwrap_or_default();
+        Ok(GroupPositions {
+            shared: group.shared,
+            own: group.own,
+            known: state.known.current.get(&key).cloned().unwrap_or_default(),
+        })
+    }
+
+    fn own_group(&self, _bus: &str, _shard: u32, _lease: &Lease) {}
+
+    fn set_group(&self, bus: &str, shard: u32, positions: GroupPositions) {
+        let key = group_key(bus, shard);
+        let mut state = self.lock();
+        let group = StoredGroup {
+            shared: positions.shared,
+            own: positions.own,
+        };
+        if state.groups.current.get(&key) != Some(&group) {
+            state.groups.current.insert(key.clone(), group);
+            state.groups.generation += 1;
+        }
+        if state.known.current.get(&key) != Some(&positions.known) {
+            state.known.current.insert(key, positions.known);
+            state.known.generation += 1;
+        }
+    }
+
+    fn committed_group(&self, bus: &str, shard: u32) -> Option<GroupPositions> {
+        let key = group_key(bus, shard);
+        let state = self.lock();
+        let group = state.groups.durable.get(&key)?.clone();
+        Some(GroupPositions {
+            shared: group.shared,
+            own: group.own,
+            known: state.known.durable.get(&key).cloned().unwrap_or_default(),
+        })
+    }
 }
 
-fn write_atomically(path: &Path, map: &Map) -> Result<(), StoreError> {
+const POSITIONS: &str = "positions.json";
+const GROUPS: &str = "groups.json";
+const KNOWN: &str = "subscriptions.json";
+
+fn group_key(bus: &str, shard: u32) -> String {
+    format!("{bus}#{shard}")
+}
+
+impl EmbeddedPositions {
+    async fn write<T: Serialize + Send + 'static>(
+        &self,
+        name: &str,
+        snapshot: T,
+    ) -> Result<T, StoreError> {
+        let path = self.dir.join(name);
+        tokio::task::spawn_blocking(move || write_atomically(&path, &snapshot).map(|()| snapshot))
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("position flush task failed: {e}")))?
+    }
+}
+
+fn read_json<T: Default + serde::de::DeserializeOwned>(path: &Path) -> Result<T, StoreError> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+            StoreError::Corrupt(format!("{} is not a positions file: {e}", path.display()))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(T::default()),
+        Err(e) => Err(StoreError::io(
+            &format!("cannot read {}", path.display()),
+            &e,
+        )),
+    }
+}
+
+fn write_atomically<T: Serialize>(path: &Path, value: &T) -> Result<(), StoreError> {
     let tmp = path.with_extension("json.tmp");
-    let bytes = serde_json::to_vec_pretty(map)
+    let bytes = serde_json::to_vec(value)
         .map_err(|e| StoreError::Unavailable(format!("cannot encode positions: {e}")))?;
     let io = |e: std::io::Error| StoreError::io(&format!("cannot write {}", path.display()), &e);
     let mut file = File::create(&tmp).map_err(io)?;

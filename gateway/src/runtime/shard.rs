@@ -1,0 +1,1032 @@
+//! One shard of one bus with all of its subscriptions: the fan-out engine.
+//!
+//! The shard reader reads each record once, decodes it once, asks the bus's rule index
+//! which subscriptions take it, applies each of those subscriptions' transform chain and
+//! queues the result on the subscription's *lane*. Work per record grows with the number of
+//! matching subscriptions, not with the number of rules; a lane with nothing to do has no
+//! running task at all.
+//!
+//! A lane is in one of three modes:
+//! - attached: it gets its events from the reader (and ignores those below `from`, which is
+//!   how a new subscription starts at the end of the shard);
+//! - catching up: its queue filled up (a slow or failing target), so the reader leaves it
+//!   alone; the lane drains what it had queued, then reads the log on its own from its
+//!   position with its own filter, and attaches again once it has reached the reader;
+//! - paused: it delivers nothing and keeps its position.
+//!
+//! Positions: every lane that is attached with nothing queued or in flight is exactly at
+//! the reader's position, so the shard's positions are stored as that one `shared` value
+//! plus the few lanes that differ (`GroupPositions`). Committing them costs the same with
+//! ten rules as with ten thousand.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use cloudevents::Event;
+use tokio::sync::watch;
+
+use super::cluster::{mono_ms, task_id, Cluster, Control, Lease, State};
+use super::{shard_task_id, BusPlan, Subscription, STOP_GRACE};
+use crate::config::DeliveryConfig;
+use crate::ingress::cloudevent;
+use crate::store::{GroupPositions, PositionStore, Record, Seq, ShardReader, StoreError};
+use crate::targets::{Body, Envelope};
+use sluice_functions::Output;
+
+/// Most events a lane may have queued before it leaves the shared path (in batches of the
+/// delivery batch size).
+const LANE_QUEUE_BATCHES: usize = 4;
+
+/// Most bytes queued across all lanes of one shard task; past it the lane being fed leaves
+/// the shared path. Keeps memory bounded whatever the number of slow subscriptions.
+const SHARD_QUEUE_BYTES: usize = 64 * 1024 * 1024;
+
+pub(super) struct ShardTask {
+    pub(super) id: String,
+    pub(super) shard: u32,
+    pub(super) lease: Lease,
+    pub(super) positions: Arc<dyn PositionStore>,
+    pub(super) cluster: Arc<dyn Cluster>,
+    pub(super) delivery: DeliveryConfig,
+    pub(super) read_wait: Duration,
+    pub(super) stop: watch::Receiver<bool>,
+    pub(super) valid_until: Arc<AtomicU64>,
+    /// The bus's definition; a new one arrives when its rules change.
+    pub(super) plans: watch::Receiver<Arc<BusPlan>>,
+    pub(super) control: watch::Receiver<Arc<Control>>,
+}
+
+/// What the reader and the lanes share.
+struct Shared {
+    shard: u32,
+    dispatch: Mutex<Dispatch>,
+    /// Bytes queued across lanes.
+    queued: AtomicUsize,
+    /// Lane tasks running, and lanes reported FAILED: while both are zero there is nothing
+    /// to check, so an idle shard costs nothing per subscription.
+    running_lanes: AtomicUsize,
+    failed_lanes: AtomicUsize,
+    /// Bumped whenever a position may have moved, so unchanged positions are not
+    /// recomputed or rewritten.
+    changes: AtomicU64,
+    delivery: DeliveryConfig,
+    cluster: Arc<dyn Cluster>,
+    valid_until: Arc<AtomicU64>,
+    stop: watch::Receiver<bool>,
+}
+
+/// Guarded by one lock: the reader holds it while it hands out one batch, and a lane takes
+/// it to attach again, so no record is handed out between "not attached" and "attached".
+struct Dispatch {
+    /// Every record below it has been handed to each attached lane that takes it.
+    cursor: Seq,
+    bus: Arc<BusPlan>,
+    /// In the order of `bus.subscriptions`.
+    lanes: Vec<Arc<Lane>>,
+}
+
+struct Lane {
+    sub: Arc<Subscription>,
+    /// `{bus}/{rule}/{target}#{shard}`: status, pause and restart of this part.
+    id: String,
+    state: Mutex<LaneState>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Attached { from: Seq },
+    CatchingUp { next: Seq },
+    Paused { next: Seq },
+}
+
+struct LaneState {
+    mode: Mode,
+    queue: VecDeque<Queued>,
+    /// The first sequence number of the delivery in progress (and one past its last).
+    in_flight: Option<(Seq, Seq)>,
+    /// Whether a lane task is running (only while there is work).
+    running: bool,
+    /// Bumped by pause, restart and replacement: a delivery in flight under an older epoch
+    /// is abandoned (its events are delivered again from the position: at least once).
+    epoch: u64,
+    /// Whether the lane is reported FAILED.
+    failed: bool,
+    /// Applied control: paused and restart generation.
+    paused: bool,
+    generation: u64,
+}
+
+struct Queued {
+    seq: Seq,
+    envelope: Envelope,
+    bytes: usize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing holding these locks can leave them half-updated in a way that matters more
+    // than stopping delivery would.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Lane {
+    /// A lane in `mode`, at the control's current restart generation (pause is applied by
+    /// `apply_control`).
+    fn new(sub: Arc<Subscription>, shard: u32, mode: Mode, control: &Control) -> Arc<Lane> {
+        let id = task_id(&sub.id, shard);
+        let generation = control.generation(&sub.id, &id);
+        Arc::new(Lane {
+            id,
+            sub,
+            state: Mutex::new(LaneState {
+                mode,
+                queue: VecDeque::new(),
+                in_flight: None,
+                running: false,
+                epoch: 0,
+                failed: false,
+                paused: false,
+                generation,
+            }),
+        })
+    }
+
+    /// The next sequence number the lane has to deliver, given the reader's position.
+    fn position(state: &LaneState, cursor: Seq) -> Seq {
+        if let Some((first, _)) = state.in_flight {
+            return first;
+        }
+        if let Some(q) = state.queue.front() {
+            return q.seq;
+        }
+        match state.mode {
+            Mode::Attached { from } => from.max(cursor),
+            Mode::CatchingUp { next } | Mode::Paused { next } => next,
+        }
+    }
+}
+
+impl ShardTask {
+    fn leased(&self) -> bool {
+        mono_ms() < self.valid_until.load(Ordering::Relaxed)
+    }
+
+    pub(super) async fn run(mut self) {
+        let bus = self.plans.borrow_and_update().clone();
+        let control = self.control.borrow_and_update().clone();
+        let shard = self.shard;
+        self.positions.own_group(&bus.name, shard, &self.lease);
+        let mut backoff = self.delivery.initial_backoff;
+        // Load positions (retrying while the store is down, as long as the lease lasts).
+        let (group, end) = loop {
+            match self.load(&bus).await {
+                Ok(found) => break found,
+                Err(e) => {
+                    tracing::warn!(task = %self.id, error = %e, "cannot load the shard's positions; retrying");
+                    if self.wait(&mut backoff).await {
+                        return;
+                    }
+                }
+            }
+        };
+        let cursor = group.shared.unwrap_or(end);
+        let lanes: Vec<Arc<Lane>> = bus
+            .subscriptions
+            .iter()
+            .map(|sub| {
+                let mode = start_mode(group.of(&sub.name), cursor, end);
+                Lane::new(sub.clone(), shard, mode, &control)
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            shard,
+            dispatch: Mutex::new(Dispatch {
+                cursor,
+                bus: bus.clone(),
+                lanes,
+            }),
+            queued: AtomicUsize::new(0),
+            running_lanes: AtomicUsize::new(0),
+            failed_lanes: AtomicUsize::new(0),
+            changes: AtomicU64::new(1),
+            delivery: self.delivery.clone(),
+            cluster: self.cluster.clone(),
+            valid_until: self.valid_until.clone(),
+            stop: self.stop.clone(),
+        });
+        let reports = shared.apply_control(&control, true);
+        let mut statuses = vec![(self.id.clone(), State::Running, None)];
+        statuses.extend(reports);
+        self.cluster.report_many(statuses).await;
+        shared.wake_lanes();
+        tracing::info!(task = %self.id, from = cursor, end, subscriptions = bus.subscriptions.len(), "shard reader started");
+        let mut recorded = 0;
+        self.record(&shared, &mut recorded);
+
+        let mut reader = ReaderLoop {
+            shared: shared.clone(),
+            log: bus.log.clone(),
+            reader: None,
+            read_wait: self.read_wait,
+            batch: self.delivery.batch_size,
+            backoff: self.delivery.initial_backoff,
+        };
+        let mut commit = tokio::time::interval(self.delivery.commit_interval);
+        commit.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut check = tokio::time::interval(Duration::from_millis(250));
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let reading = reader.run();
+        tokio::pin!(reading);
+        loop {
+            tokio::select! {
+                _ = self.stop.changed() => break,
+                () = &mut reading => break,
+                _ = commit.tick() => self.record(&shared, &mut recorded),
+                _ = check.tick() => {
+                    if !self.leased() {
+                        break;
+                    }
+                    shared.check_failures().await;
+                }
+                changed = self.plans.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let bus = self.plans.borrow_and_update().clone();
+                    match bus.log.end(shard).await {
+                        Ok(end) => {
+                            let control = self.control.borrow().clone();
+                            let reports = shared.replace_plan(bus, end, &control);
+                            self.cluster.report_many(reports).await;
+                            shared.wake_lanes();
+                        }
+                        Err(e) => {
+                            // Applied on the next change; the worker restarts the task if
+                            // the store stays away longer than the lease.
+                            tracing::warn!(task = %self.id, error = %e, "cannot apply the new rules yet");
+                            self.plans.mark_changed();
+                        }
+                    }
+                }
+                changed = self.control.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let control = self.control.borrow_and_update().clone();
+                    let reports = shared.apply_control(&control, false);
+                    self.cluster.report_many(reports).await;
+                    shared.wake_lanes();
+                }
+            }
+        }
+        drop(reading);
+        // Lanes see the stop (or the lease lapse) themselves; give their deliveries in
+        // flight a moment to finish so their positions are recorded.
+        shared.wait_lanes_idle().await;
+        self.record(&shared, &mut recorded);
+    }
+
+    async fn load(&self, bus: &BusPlan) -> Result<(GroupPositions, Seq), StoreError> {
+        let group = self.positions.load_group(&bus.name, self.shard).await?;
+        let end = bus.log.end(self.shard).await?;
+        Ok((group, end))
+    }
+
+    /// Waits out a backoff; true if the task should stop.
+    async fn wait(&mut self, backoff: &mut Duration) -> bool {
+        let wait = *backoff;
+        *backoff = (*backoff * 2).min(self.delivery.max_backoff);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => *self.stop.borrow() || !self.leased(),
+            _ = self.stop.changed() => true,
+        }
+    }
+
+    /// Hands the lanes' positions to the position store if any moved.
+    fn record(&self, shared: &Shared, recorded: &mut u64) {
+        let changes = shared.changes.load(Ordering::Acquire);
+        if changes == *recorded {
+            return;
+        }
+        let (bus, positions) = shared.positions();
+        self.positions.set_group(&bus, self.shard, positions);
+        *recorded = changes;
+    }
+}
+
+/// Where a lane starts: new subscriptions at the end of the shard, known ones at their
+/// position (on the shared path if that is the reader's, else catching up or ahead).
+fn start_mode(position: Option<Seq>, cursor: Seq, end: Seq) -> Mode {
+    match position {
+        None => Mode::Attached {
+            from: end.max(cursor),
+        },
+        Some(p) if p >= cursor => Mode::Attached { from: p },
+        Some(p) => Mode::CatchingUp { next: p },
+    }
+}
+
+impl Shared {
+    fn leased(&self) -> bool {
+        mono_ms() < self.valid_until.load(Ordering::Relaxed)
+    }
+
+    fn stopping(&self) -> bool {
+        *self.stop.borrow() || !self.leased()
+    }
+
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::Release);
+    }
+
+    /// The positions of every lane: the reader's as `shared`, and the lanes that differ.
+    fn positions(&self) -> (String, GroupPositions) {
+        let d = lock(&self.dispatch);
+        let mut own = BTreeMap::new();
+        let mut known = BTreeSet::new();
+        for lane in &d.lanes {
+            let p = Lane::position(&lock(&lane.state), d.cursor);
+            if p != d.cursor {
+                own.insert(lane.sub.name.clone(), p);
+            }
+            known.insert(lane.sub.name.clone());
+        }
+        (
+            d.bus.name.clone(),
+            GroupPositions {
+                shared: Some(d.cursor),
+                own,
+                known,
+            },
+        )
+    }
+
+    /// Hands a batch of records to the lanes that take them.
+    fn dispatch(self: &Arc<Self>, records: Vec<Record>) {
+        let Some(last) = records.last().map(|r| r.seq) else {
+            return;
+        };
+        let mut d = lock(&self.dispatch);
+        let bus = d.bus.clone();
+        let limit = self.delivery.batch_size * LANE_QUEUE_BATCHES;
+        let mut rules = Vec::new();
+        for record in records {
+            if record.seq < d.cursor {
+                continue;
+            }
+            let event = if bus.needs_decode {
+                match cloudevent::decode(&record.payload) {
+                    Ok(event) => Some(event),
+                    Err(e) => {
+                        tracing::error!(bus = %bus.name, shard = self.shard, seq = record.seq, error = %e, "a stored event does not decode; only rules without a condition take it");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            if bus.needs_decode {
+                bus.matching(event.as_ref(), &mut rules);
+            } else {
+                rules.clear();
+                rules.extend(0..bus.rules.len());
+            }
+            for &rule in &rules {
+                let Some(members) = bus.rules.get(rule) else {
+                    continue;
+                };
+                for &i in members {
+                    let Some(lane) = d.lanes.get(i) else {
+                        continue;
+                    };
+                    let mut st = lock(&lane.state);
+                    let Mode::Attached { from } = st.mode else {
+                        continue;
+                    };
+                    if record.seq < from {
+                        continue;
+                    }
+                    if st.queue.len() >= limit
+                        || self.queued.load(Ordering::Relaxed) >= SHARD_QUEUE_BYTES
+                    {
+                        tracing::debug!(lane = %lane.id, seq = record.seq, "the lane is behind; it catches up from the log on its own");
+                        st.mode = Mode::CatchingUp { next: record.seq };
+                        self.ensure_running(lane, &mut st);
+                        continue;
+                    }
+                    if let Some(envelope) = prepare(
+                        &lane.sub,
+                        self.shard,
+                        record.seq,
+                        &record.payload,
+                        event.as_ref(),
+                    ) {
+                        let bytes = envelope_bytes(&envelope);
+                        self.queued.fetch_add(bytes, Ordering::Relaxed);
+                        st.queue.push_back(Queued {
+                            seq: record.seq,
+                            envelope,
+                            bytes,
+                        });
+                        self.ensure_running(lane, &mut st);
+                    }
+                }
+            }
+        }
+        d.cursor = last + 1;
+        drop(d);
+        self.changed();
+    }
+
+    /// Starts the lane's task if it has none.
+    fn ensure_running(self: &Arc<Self>, lane: &Arc<Lane>, st: &mut LaneState) {
+        if st.running || matches!(st.mode, Mode::Paused { .. }) {
+            return;
+        }
+        st.running = true;
+        self.running_lanes.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(LaneTask::new(self.clone(), lane.clone()).run());
+    }
+
+    /// Starts the tasks of lanes that have work without the reader (catching up).
+    fn wake_lanes(self: &Arc<Self>) {
+        let d = lock(&self.dispatch);
+        for lane in &d.lanes {
+            let mut st = lock(&lane.state);
+            if matches!(st.mode, Mode::CatchingUp { .. }) || !st.queue.is_empty() {
+                self.ensure_running(lane, &mut st);
+            }
+        }
+    }
+
+    /// Applies pause, resume and restart to the lanes; returns the statuses to write (all
+    /// of them when `all`, else those that changed). The shard-0 task also reports each
+    /// subscription's connector status.
+    fn apply_control(&self, control: &Control, all: bool) -> Vec<(String, State, Option<String>)> {
+        let d = lock(&self.dispatch);
+        let mut reports = Vec::new();
+        for lane in &d.lanes {
+            let paused = control.is_paused(&lane.sub.id, &lane.id);
+            let generation = control.generation(&lane.sub.id, &lane.id);
+            let mut st = lock(&lane.state);
+            let position = Lane::position(&st, d.cursor);
+            let mut changed = all;
+            if paused && !st.paused {
+                tracing::info!(lane = %lane.id, position, "paused");
+                self.clear_queue(&mut st);
+                st.mode = Mode::Paused { next: position };
+                st.epoch += 1;
+                changed = true;
+            } else if !paused && st.paused {
+                tracing::info!(lane = %lane.id, position, "resumed");
+                st.mode = Mode::CatchingUp { next: position };
+                changed = true;
+            } else if generation != st.generation && !paused && !all {
+                tracing::info!(lane = %lane.id, position, "restarted: reading again from its position");
+                self.clear_queue(&mut st);
+                st.mode = Mode::CatchingUp { next: position };
+                st.epoch += 1;
+                changed = true;
+            }
+            st.paused = paused;
+            st.generation = generation;
+            if changed {
+                let state = if paused {
+                    State::Paused
+                } else {
+                    State::Running
+                };
+                reports.push((lane.id.clone(), state, None));
+            }
+        }
+        if self.shard == 0 {
+            for lane in &d.lanes {
+                let paused = control.paused.contains(&lane.sub.id);
+                let state = if paused {
+                    State::Paused
+                } else {
+                    State::Running
+                };
+                if all || reports.iter().any(|(id, _, _)| *id == lane.id) {
+                    reports.push((lane.sub.id.clone(), state, None));
+                }
+            }
+        }
+        drop(d);
+        self.changed();
+        reports
+    }
+
+    /// Drops a lane's queue (it will read those events again from the log).
+    fn clear_queue(&self, st: &mut LaneState) {
+        let bytes: usize = st.queue.drain(..).map(|q| q.bytes).sum();
+        self.queued.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// Takes a new definition of the bus: unchanged subscriptions keep their lanes, changed
+    /// ones continue from their position, new ones start at `end`, removed ones stop.
+    fn replace_plan(
+        &self,
+        bus: Arc<BusPlan>,
+        end: Seq,
+        control: &Control,
+    ) -> Vec<(String, State, Option<String>)> {
+        let mut d = lock(&self.dispatch);
+        let cursor = d.cursor;
+        let mut old: HashMap<String, Arc<Lane>> = d
+            .lanes
+            .drain(..)
+            .map(|lane| (lane.sub.name.clone(), lane))
+            .collect();
+        let mut lanes = Vec::with_capacity(bus.subscriptions.len());
+        let mut reports = Vec::new();
+        for sub in &bus.subscriptions {
+            match old.remove(&sub.name) {
+                Some(lane) if lane.sub.spec == sub.spec => lanes.push(lane),
+                Some(lane) => {
+                    let position = self.retire(&lane, cursor);
+                    tracing::info!(lane = %lane.id, position, "the subscription changed; it continues from its position");
+                    let mode = if position == cursor {
+                        Mode::Attached { from: cursor }
+                    } else {
+                        Mode::CatchingUp { next: position }
+                    };
+                    lanes.push(Lane::new(sub.clone(), self.shard, mode, control));
+                }
+                None => {
+                    tracing::info!(subscription = %sub.id, shard = self.shard, from = end.max(cursor), "new subscription starts at the end of the shard");
+                    let lane = Lane::new(
+                        sub.clone(),
+                        self.shard,
+                        Mode::Attached {
+                            from: end.max(cursor),
+                        },
+                        control,
+                    );
+                    reports.push((lane.id.clone(), State::Running, None));
+                    lanes.push(lane);
+                }
+            }
+        }
+        for lane in old.values() {
+            tracing::info!(lane = %lane.id, "the subscription was removed");
+            self.retire(lane, cursor);
+        }
+        d.bus = bus;
+        d.lanes = lanes;
+        drop(d);
+        // Lanes made anew start unpaused: apply pause state and report them.
+        reports.extend(self.apply_control(control, false));
+        self.changed();
+        reports
+    }
+
+    /// Stops a lane for good; returns its position.
+    fn retire(&self, lane: &Lane, cursor: Seq) -> Seq {
+        let mut st = lock(&lane.state);
+        let position = Lane::position(&st, cursor);
+        self.clear_queue(&mut st);
+        st.mode = Mode::Paused { next: position };
+        st.paused = true;
+        st.epoch += 1;
+        position
+    }
+
+    /// Reports lanes whose deliveries are failing (and those that recovered).
+    async fn check_failures(&self) {
+        if self.running_lanes.load(Ordering::Relaxed) == 0
+            && self.failed_lanes.load(Ordering::Relaxed) == 0
+        {
+            return;
+        }
+        let mut reports = Vec::new();
+        {
+            let d = lock(&self.dispatch);
+            for lane in &d.lanes {
+                let mut st = lock(&lane.state);
+                if st.paused {
+                    continue;
+                }
+                let busy = st.in_flight.is_some();
+                match lane.sub.delivery.last_error() {
+                    Some(reason) if busy && !st.failed => {
+                        st.failed = true;
+                        self.failed_lanes.fetch_add(1, Ordering::Relaxed);
+                        reports.push((lane.id.clone(), State::Failed, Some(reason)));
+                    }
+                    None if st.failed => {
+                        st.failed = false;
+                        self.failed_lanes.fetch_sub(1, Ordering::Relaxed);
+                        reports.push((lane.id.clone(), State::Running, None));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if !reports.is_empty() && self.leased() {
+            self.cluster.report_many(reports).await;
+        }
+    }
+
+    /// Waits until no lane task runs (they stop on their own once the task stops).
+    async fn wait_lanes_idle(&self) {
+        let deadline = tokio::time::Instant::now() + STOP_GRACE + Duration::from_millis(200);
+        loop {
+            let busy = self.running_lanes.load(Ordering::Relaxed) > 0;
+            if !busy || tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// The envelope a subscription delivers for one record: the record as stored, or the
+/// transform chain's result. `None` when the transform fails on this event (reported; it
+/// cannot succeed on a retry).
+fn prepare(
+    sub: &Subscription,
+    shard: u32,
+    seq: Seq,
+    payload: &Bytes,
+    event: Option<&Event>,
+) -> Option<Envelope> {
+    let Some(chain) = &sub.transform else {
+        return Some(Envelope {
+            raw: payload.clone(),
+            event: event.cloned(),
+            body: None,
+        });
+    };
+    let Some(event) = event else {
+        tracing::error!(subscription = %sub.id, shard, seq, "the event does not decode, so it cannot be transformed; skipping it");
+        return None;
+    };
+    match chain.apply(event) {
+        Ok(Output::Event(transformed)) => match cloudevent::encode(&transformed) {
+            Ok(raw) => Some(Envelope {
+                raw: raw.into(),
+                event: Some(transformed),
+                body: None,
+            }),
+            Err(e) => {
+                tracing::error!(subscription = %sub.id, shard, seq, error = %e, "cannot encode a transformed event; skipping it");
+                None
+            }
+        },
+        Ok(Output::Body {
+            content_type,
+            bytes,
+        }) => Some(Envelope {
+            raw: payload.clone(),
+            event: Some(event.clone()),
+            body: Some(Body {
+                content_type,
+                bytes: bytes.into(),
+            }),
+        }),
+        Err(e) => {
+            tracing::error!(subscription = %sub.id, shard, seq, error = %e, "the transform failed on this event; skipping it");
+            None
+        }
+    }
+}
+
+/// What an envelope holds in memory, roughly: the stored form twice (raw and decoded) plus
+/// a transformed body.
+fn envelope_bytes(envelope: &Envelope) -> usize {
+    let decoded = if envelope.event.is_some() {
+        envelope.raw.len()
+    } else {
+        0
+    };
+    envelope.raw.len() + decoded + envelope.body.as_ref().map_or(0, |b| b.bytes.len()) + 128
+}
+
+/// The shard reader: reads the log from the shared position and hands records out.
+struct ReaderLoop {
+    shared: Arc<Shared>,
+    log: Arc<dyn crate::store::BusLog>,
+    reader: Option<Box<dyn ShardReader>>,
+    read_wait: Duration,
+    batch: usize,
+    backoff: Duration,
+}
+
+impl ReaderLoop {
+    async fn run(&mut self) {
+        loop {
+            if self.shared.stopping() {
+                return;
+            }
+            let cursor = lock(&self.shared.dispatch).cursor;
+            if self.reader.is_none() {
+                match self.log.reader(self.shared.shard, cursor).await {
+                    Ok(r) => self.reader = Some(r),
+                    Err(e) => {
+                        self.failed(e).await;
+                        continue;
+                    }
+                }
+            }
+            let Some(reader) = self.reader.as_mut() else {
+                continue;
+            };
+            match reader.read_wait(self.batch, self.read_wait).await {
+                Ok(records) => {
+                    self.backoff = self.shared.delivery.initial_backoff;
+                    if let Some(first) = records.first() {
+                        if first.seq > cursor {
+                            // Trimmed past the reader's position (released by a slower
+                            // setting or by hand): continue at what is there.
+                            tracing::warn!(
+                                shard = self.shared.shard,
+                                expected = cursor,
+                                found = first.seq,
+                                "records are missing from the shard"
+                            );
+                        }
+                    }
+                    self.shared.dispatch(records);
+                }
+                Err(e) => {
+                    self.reader = None;
+                    self.failed(e).await;
+                }
+            }
+        }
+    }
+
+    async fn failed(&mut self, e: StoreError) {
+        let bus = lock(&self.shared.dispatch).bus.name.clone();
+        tracing::error!(bus = %bus, shard = self.shared.shard, error = %e, "reading the shard failed; retrying");
+        if self.shared.leased() {
+            self.shared
+                .cluster
+                .report(
+                    &shard_task_id(&bus, self.shared.shard),
+                    State::Failed,
+                    Some(e.to_string()),
+                )
+                .await;
+        }
+        let wait = self.backoff;
+        self.backoff = (self.backoff * 2).min(self.shared.delivery.max_backoff);
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// Delivers one lane's events, in order, while it has any; then ends.
+struct LaneTask {
+    shared: Arc<Shared>,
+    lane: Arc<Lane>,
+    /// The lane's own reader while catching up.
+    reader: Option<(Box<dyn ShardReader>, Seq)>,
+}
+
+enum Work {
+    Queued { items: Vec<Queued>, epoch: u64 },
+    CatchUp { next: Seq, epoch: u64 },
+}
+
+impl LaneTask {
+    fn new(shared: Arc<Shared>, lane: Arc<Lane>) -> Self {
+        LaneTask {
+            shared,
+            lane,
+            reader: None,
+        }
+    }
+
+    async fn run(mut self) {
+        let mut backoff = self.shared.delivery.initial_backoff;
+        loop {
+            if self.shared.stopping() {
+                break;
+            }
+            let Some(work) = self.next_work() else {
+                return;
+            };
+            match work {
+                Work::Queued { items, epoch } => {
+                    let first = items.first().map_or(0, |q| q.seq);
+                    let end = items.last().map_or(0, |q| q.seq + 1);
+                    let bytes: usize = items.iter().map(|q| q.bytes).sum();
+                    let envelopes: Vec<Envelope> = items.into_iter().map(|q| q.envelope).collect();
+                    let done = self.deliver(&envelopes, epoch).await;
+                    self.shared.queued.fetch_sub(bytes, Ordering::Relaxed);
+                    self.finish(first, end, epoch, done);
+                    // Not done and not stopping: paused, restarted or replaced meanwhile;
+                    // the next round sees the lane's new mode.
+                    if !done && self.shared.stopping() {
+                        break;
+                    }
+                }
+                Work::CatchUp { next, epoch } => match self.catch_up(next, epoch).await {
+                    Ok(true) => backoff = self.shared.delivery.initial_backoff,
+                    Ok(false) => break,
+                    Err(e) => {
+                        tracing::error!(lane = %self.lane.id, error = %e, "reading the shard failed; retrying");
+                        self.reader = None;
+                        let wait = backoff;
+                        backoff = (backoff * 2).min(self.shared.delivery.max_backoff);
+                        tokio::time::sleep(wait).await;
+                    }
+                },
+            }
+        }
+        lock(&self.lane.state).running = false;
+        self.shared.running_lanes.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// What to do next: queued events first (they come before the catch-up position), then
+    /// catching up; `None` (and the task ends) when there is nothing.
+    fn next_work(&self) -> Option<Work> {
+        let mut st = lock(&self.lane.state);
+        if matches!(st.mode, Mode::Paused { .. }) {
+            st.running = false;
+            self.shared.running_lanes.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        if !st.queue.is_empty() {
+            let max = self.shared.delivery.batch_size.max(1);
+            let n = st.queue.len().min(max);
+            let items: Vec<Queued> = st.queue.drain(..n).collect();
+            let first = items.first().map_or(0, |q| q.seq);
+            let end = items.last().map_or(0, |q| q.seq + 1);
+            st.in_flight = Some((first, end));
+            return Some(Work::Queued {
+                items,
+                epoch: st.epoch,
+            });
+        }
+        if let Mode::CatchingUp { next } = st.mode {
+            return Some(Work::CatchUp {
+                next,
+                epoch: st.epoch,
+            });
+        }
+        st.running = false;
+        self.shared.running_lanes.fetch_sub(1, Ordering::Relaxed);
+        None
+    }
+
+    /// Records the end of a delivery of [first, end).
+    fn finish(&self, first: Seq, end: Seq, epoch: u64, done: bool) {
+        let mut st = lock(&self.lane.state);
+        if st.in_flight.map(|(f, _)| f) == Some(first) {
+            st.in_flight = None;
+        }
+        if done {
+            // Paused (or replaced) while this was in flight: it went through after all, so
+            // the lane resumes after it rather than sending it again.
+            if let Mode::Paused { next } = st.mode {
+                if next == first && st.epoch != epoch {
+                    st.mode = Mode::Paused { next: end };
+                }
+            }
+        }
+        drop(st);
+        self.shared.changed();
+    }
+
+    /// Reads one batch of the log from `next` with the lane's own filter and delivers it;
+    /// attaches to the shared path once caught up. `Ok(false)` when stopped.
+    async fn catch_up(&mut self, next: Seq, epoch: u64) -> Result<bool, StoreError> {
+        let log = lock(&self.shared.dispatch).bus.log.clone();
+        let reader = match self.reader.take() {
+            Some((r, at)) if at == next => r,
+            _ => log.reader(self.shared.shard, next).await?,
+        };
+        let mut reader = reader;
+        let records = reader.read(self.shared.delivery.batch_size).await?;
+        let Some(last) = records.last().map(|r| r.seq) else {
+            self.reader = Some((reader, next));
+            self.attach(next);
+            return Ok(true);
+        };
+        self.reader = Some((reader, last + 1));
+        let events = self.select(records);
+        {
+            let mut st = lock(&self.lane.state);
+            if st.epoch != epoch {
+                return Ok(true);
+            }
+            st.in_flight = Some((next, last + 1));
+        }
+        let done = self.deliver(&events, epoch).await;
+        {
+            let mut st = lock(&self.lane.state);
+            st.in_flight = None;
+            if done && st.epoch == epoch {
+                if let Mode::CatchingUp { next: n } = &mut st.mode {
+                    *n = last + 1;
+                }
+            }
+        }
+        self.shared.changed();
+        if !done {
+            return Ok(!self.shared.stopping());
+        }
+        self.attach(last + 1);
+        Ok(true)
+    }
+
+    /// Joins the shared path if the lane has reached the reader.
+    fn attach(&self, next: Seq) {
+        let d = lock(&self.shared.dispatch);
+        let mut st = lock(&self.lane.state);
+        if st.mode == (Mode::CatchingUp { next }) && next >= d.cursor {
+            tracing::debug!(lane = %self.lane.id, at = next, "caught up; back on the shared path");
+            st.mode = Mode::Attached { from: next };
+        }
+        drop(st);
+        drop(d);
+        self.shared.changed();
+    }
+
+    /// The records this lane's subscription takes, transformed (per-subscription work only
+    /// while catching up).
+    fn select(&self, records: Vec<Record>) -> Vec<Envelope> {
+        let sub = &self.lane.sub;
+        let mut out = Vec::with_capacity(records.len());
+        for r in records {
+            let event = if sub.filter.matches_everything() && sub.transform.is_none() {
+                None
+            } else {
+                match cloudevent::decode(&r.payload) {
+                    Ok(event) => Some(event),
+                    Err(e) => {
+                        if !sub.filter.matches_everything() {
+                            tracing::error!(subscription = %sub.id, shard = self.shared.shard, seq = r.seq, error = %e, "a stored event does not decode; skipping it");
+                            continue;
+                        }
+                        None
+                    }
+                }
+            };
+            if let Some(e) = &event {
+                if !sub.filter.matches(e) {
+                    continue;
+                }
+            }
+            if let Some(envelope) =
+                prepare(sub, self.shared.shard, r.seq, &r.payload, event.as_ref())
+            {
+                out.push(envelope);
+            }
+        }
+        out
+    }
+
+    /// Delivers (retries, backoff and dead letters: see `delivery`); false if stopped, the
+    /// lease lapsed or the lane was paused, restarted or replaced first. Stopping gives a
+    /// delivery in flight `STOP_GRACE` to finish, so a graceful stop sends nothing twice.
+    async fn deliver(&self, events: &[Envelope], epoch: u64) -> bool {
+        if events.is_empty() {
+            return true;
+        }
+        let deliver = self.lane.sub.delivery.deliver(events);
+        tokio::pin!(deliver);
+        let mut stop = self.shared.stop.clone();
+        let mut check = tokio::time::interval(Duration::from_millis(100));
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if !self.shared.leased() {
+                return false;
+            }
+            tokio::select! {
+                () = &mut deliver => return true,
+                _ = stop.changed() => {
+                    let left = self.shared.valid_until.load(Ordering::Relaxed).saturating_sub(mono_ms());
+                    let grace = STOP_GRACE.min(Duration::from_millis(left));
+                    return tokio::time::timeout(grace, &mut deliver).await.is_ok();
+                }
+                _ = check.tick() => {
+                    if lock(&self.lane.state).epoch != epoch {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lanes_start_where_their_positions_say() {
+        // New subscription: the end of the shard, even when the reader is behind it.
+        assert_eq!(start_mode(None, 10, 50), Mode::Attached { from: 50 });
+        // At the reader: on the shared path.
+        assert_eq!(start_mode(Some(10), 10, 50), Mode::Attached { from: 10 });
+        // Behind it: catches up first.
+        assert_eq!(start_mode(Some(4), 10, 50), Mode::CatchingUp { next: 4 });
+        // Ahead of it (created while the reader had a backlog): skips what came before.
+        assert_eq!(start_mode(Some(30), 10, 50), Mode::Attached { from: 30 });
+    }
+}
