@@ -12,7 +12,7 @@ APT_UPDATED := $(CACHE)/.apt-updated
 ROCKETMQ_DIR := $(CACHE)/rocketmq-1.0.0
 export SLUICE_ROCKETMQ_BIN ?= $(ROCKETMQ_DIR)/bin
 
-.PHONY: run test lint fmt build bench bench-ingest bench-functions bench-cluster bench-targets tools venv redis rocketmq clean help
+.PHONY: run test lint fmt build bench bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq clean help
 
 help:
 	@echo "make run    - start the gateway standalone with sluice.example.toml (http://127.0.0.1:8080)"
@@ -80,7 +80,7 @@ rocketmq:
 		$(CARGO) install --locked --root $(ROCKETMQ_DIR) rocketmq-namesrv@1.0.0 rocketmq-broker@1.0.0; \
 	fi
 
-bench: bench-ingest bench-functions bench-cluster bench-targets
+bench: bench-ingest bench-functions bench-cluster bench-targets bench-rules
 
 # End-to-end events/s into RocketMQ and into an HTTP receiver, against each peer's own capacity.
 bench-targets: rocketmq
@@ -102,3 +102,9 @@ clean:
 bench-cluster: redis
 	$(CARGO) build --release -p sluice-gateway -p sluice-tests --bin sluice --bin cluster-bench
 	./target/release/cluster-bench
+
+# Fan-out: delivered events/s, start-up, RSS, idle CPU and idle Redis commands with 1, 100,
+# 1,000 and 10,000 rules on one bus, standalone and distributed (the machine's Redis).
+bench-rules: redis
+	$(CARGO) build --release -p sluice-gateway -p sluice-tests --bin sluice --bin rules-bench
+	./target/release/rules-bench

@@ -50,6 +50,7 @@ pub struct SluiceBuilder {
     durability: &'static str,
     distributed: Option<(String, String)>,
     strategy: &'static str,
+    default_rule: bool,
     shards: u32,
     limits: String,
     extra: String,
@@ -65,6 +66,13 @@ impl SluiceBuilder {
     /// Distributed mode against the Redis at `url`, keys under `prefix`.
     pub fn distributed(mut self, url: &str, prefix: &str) -> Self {
         self.distributed = Some((url.to_string(), prefix.to_string()));
+        self
+    }
+
+    /// Leaves out the sample rule (every event to `delivered.jsonl`): the bus `default` has
+    /// only the rules the test adds.
+    pub fn without_default_rule(mut self) -> Self {
+        self.default_rule = false;
         self
     }
 
@@ -126,15 +134,7 @@ max_backoff = "200ms"
 name = "default"
 shards = {shards}
 
-[[rules]]
-name = "all-events"
-bus = "default"
-
-[[rules.targets]]
-type = "file"
-name = "delivered"
-path = "{{data_dir}}/delivered.jsonl"
-
+{default_rule}
 {extra}
 "#,
             durability = self.durability,
@@ -142,6 +142,11 @@ path = "{{data_dir}}/delivered.jsonl"
             limits = self.limits,
             shards = self.shards,
             extra = self.extra,
+            default_rule = if self.default_rule {
+                "[[rules]]\nname = \"all-events\"\nbus = \"default\"\n\n[[rules.targets]]\ntype = \"file\"\nname = \"delivered\"\npath = \"{data_dir}/delivered.jsonl\"\n"
+            } else {
+                ""
+            },
         );
         fs::write(&config, text).expect("write config");
         let mut sluice = Sluice {
@@ -174,6 +179,7 @@ impl Sluice {
             durability: "fsync",
             distributed: None,
             strategy: "sorted-hash",
+            default_rule: true,
             shards: 4,
             limits: String::new(),
             extra: String::new(),
@@ -337,6 +343,11 @@ impl Sluice {
     }
 
     /// The process's resident memory in KiB (Linux `/proc`), if it is running.
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn rss_kib(&self) -> Option<u64> {
         let pid = self.child.as_ref()?.id();
         let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -86,13 +86,14 @@ fn random_condition(rng: &mut fastrand::Rng) -> Condition {
         5 => Condition::Pattern(json!({"region": [{"exists": false}]})),
         6 => Condition::Pattern(json!({"data": {"tags": [pick(rng, &TAGS)]}})),
         7 => Condition::Pattern(json!({"$or": [{"type": [t]}, {"region": [r]}]})),
-        8 => Condition::Pattern(
-            json!({"type": [t], "data": {"total": [{"numeric": [">=", x]}]}}),
-        ),
+        8 => Condition::Pattern(json!({"type": [t], "data": {"total": [{"numeric": [">=", x]}]}})),
         9 => Condition::Pattern(json!({"type": [{"equals-ignore-case": t.to_uppercase()}]})),
         10 => Condition::Pattern(json!({"source": [{"suffix": "/eu"}, {"wildcard": "/a*h"}]})),
         11 => Condition::Filter(format!("type = '{t}' OR region = '{r}'")),
-        12 => Condition::Filter(format!("type LIKE 'user.%' AND source <> '{}'", pick(rng, &SOURCES))),
+        12 => Condition::Filter(format!(
+            "type LIKE 'user.%' AND source <> '{}'",
+            pick(rng, &SOURCES)
+        )),
         _ => Condition::Pattern(json!({})),
     }
 }
@@ -246,7 +247,12 @@ async fn index_agrees_with_each_rule(distributed: Option<(String, String)>, seed
         // Order per partition key (a key's events share a shard).
         let key_of: HashMap<&str, &str> = events
             .iter()
-            .map(|e| (e["id"].as_str().unwrap(), e["partitionkey"].as_str().unwrap()))
+            .map(|e| {
+                (
+                    e["id"].as_str().unwrap(),
+                    e["partitionkey"].as_str().unwrap(),
+                )
+            })
             .collect();
         let mut per_key: HashMap<&str, Vec<&str>> = HashMap::new();
         for id in &got {
@@ -414,7 +420,12 @@ fn rule_ids(sluice: &Sluice, i: usize) -> Vec<String> {
 async fn post_typed(sluice: &Sluice, prefix: &str, rules: usize, count: usize) {
     let client = reqwest::Client::new();
     let events: Vec<Value> = (0..count)
-        .map(|n| typed_event(&format!("{prefix}{n}"), &format!("t{}", n % (rules - 1) + 1)))
+        .map(|n| {
+            typed_event(
+                &format!("{prefix}{n}"),
+                &format!("t{}", n % (rules - 1) + 1),
+            )
+        })
         .collect();
     for chunk in events.chunks(100) {
         post_batch(&client, &sluice.events_url(), chunk.to_vec()).await;
@@ -570,8 +581,7 @@ async fn a_replica_kill_with_a_thousand_rules_loses_nothing() {
             .iter()
             .map(|m| m.as_str().unwrap().to_string())
             .collect();
-        if live.len() == 2 && running.len() == 4 && running.values().all(|w| live.contains(w))
-        {
+        if live.len() == 2 && running.len() == 4 && running.values().all(|w| live.contains(w)) {
             break;
         }
         assert!(

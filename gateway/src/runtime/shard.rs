@@ -40,9 +40,13 @@ use sluice_functions::Output;
 /// delivery batch size).
 const LANE_QUEUE_BATCHES: usize = 4;
 
+/// Most bytes one lane may have queued (events wait in the log, not in memory, for a slow
+/// target).
+const LANE_QUEUE_BYTES: usize = 2 * 1024 * 1024;
+
 /// Most bytes queued across all lanes of one shard task; past it the lane being fed leaves
 /// the shared path. Keeps memory bounded whatever the number of slow subscriptions.
-const SHARD_QUEUE_BYTES: usize = 64 * 1024 * 1024;
+const SHARD_QUEUE_BYTES: usize = 32 * 1024 * 1024;
 
 pub(super) struct ShardTask {
     pub(super) id: String,
@@ -105,6 +109,8 @@ enum Mode {
 struct LaneState {
     mode: Mode,
     queue: VecDeque<Queued>,
+    /// Bytes in `queue`.
+    queued: usize,
     /// The first sequence number of the delivery in progress (and one past its last).
     in_flight: Option<(Seq, Seq)>,
     /// Whether a lane task is running (only while there is work).
@@ -143,6 +149,7 @@ impl Lane {
             state: Mutex::new(LaneState {
                 mode,
                 queue: VecDeque::new(),
+                queued: 0,
                 in_flight: None,
                 running: false,
                 epoch: 0,
@@ -237,8 +244,8 @@ impl ShardTask {
         commit.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut check = tokio::time::interval(Duration::from_millis(250));
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let reading = reader.run();
-        tokio::pin!(reading);
+        // The reader runs until the loop ends; dropping it then ends its blocking read.
+        let mut reading = Box::pin(reader.run());
         loop {
             tokio::select! {
                 _ = self.stop.changed() => break,
@@ -282,6 +289,7 @@ impl ShardTask {
             }
         }
         drop(reading);
+        drop(reader);
         // Lanes see the stop (or the lease lapse) themselves; give their deliveries in
         // flight a moment to finish so their positions are recorded.
         shared.wait_lanes_idle().await;
@@ -289,8 +297,23 @@ impl ShardTask {
     }
 
     async fn load(&self, bus: &BusPlan) -> Result<(GroupPositions, Seq), StoreError> {
-        let group = self.positions.load_group(&bus.name, self.shard).await?;
+        let mut group = self.positions.load_group(&bus.name, self.shard).await?;
         let end = bus.log.end(self.shard).await?;
+        if group.shared.is_none() && end > 0 {
+            // A shard with events but no shard positions was run by a version that kept one
+            // position per subscription: carry those over rather than start at the end and
+            // skip what they had not delivered yet. (A new bus has no events: nothing to read.)
+            for sub in &bus.subscriptions {
+                if let Some(p) = self.positions.load(&sub.id, self.shard).await? {
+                    group.own.insert(sub.name.clone(), p);
+                    group.known.insert(sub.name.clone());
+                }
+            }
+            if !group.own.is_empty() {
+                tracing::info!(task = %self.id, subscriptions = group.own.len(), "carried over per-subscription positions");
+                group.shared = group.own.values().copied().min();
+            }
+        }
         Ok((group, end))
     }
 
@@ -409,6 +432,7 @@ impl Shared {
                         continue;
                     }
                     if st.queue.len() >= limit
+                        || st.queued >= LANE_QUEUE_BYTES
                         || self.queued.load(Ordering::Relaxed) >= SHARD_QUEUE_BYTES
                     {
                         tracing::debug!(lane = %lane.id, seq = record.seq, "the lane is behind; it catches up from the log on its own");
@@ -425,6 +449,7 @@ impl Shared {
                     ) {
                         let bytes = envelope_bytes(&envelope);
                         self.queued.fetch_add(bytes, Ordering::Relaxed);
+                        st.queued += bytes;
                         st.queue.push_back(Queued {
                             seq: record.seq,
                             envelope,
@@ -522,6 +547,7 @@ impl Shared {
     /// Drops a lane's queue (it will read those events again from the log).
     fn clear_queue(&self, st: &mut LaneState) {
         let bytes: usize = st.queue.drain(..).map(|q| q.bytes).sum();
+        st.queued = 0;
         self.queued.fetch_sub(bytes, Ordering::Relaxed);
     }
 
@@ -854,6 +880,7 @@ impl LaneTask {
             let max = self.shared.delivery.batch_size.max(1);
             let n = st.queue.len().min(max);
             let items: Vec<Queued> = st.queue.drain(..n).collect();
+            st.queued -= items.iter().map(|q| q.bytes).sum::<usize>();
             let first = items.first().map_or(0, |q| q.seq);
             let end = items.last().map_or(0, |q| q.seq + 1);
             st.in_flight = Some((first, end));

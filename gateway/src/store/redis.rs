@@ -392,12 +392,13 @@ impl RedisPositions {
 
     /// Commits every bus shard whose positions moved; returns the fenced tasks.
     async fn flush_groups(&self) -> Result<Vec<String>, StoreError> {
-        let work: Vec<(
+        type Work = (
             (String, u32),
             (String, u64),
             Option<GroupPositions>,
             GroupPositions,
-        )> = {
+        );
+        let work: Vec<Work> = {
             let state = self.lock();
             state
                 .groups
@@ -1089,6 +1090,42 @@ impl Cluster for RedisCluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shard_positions_are_committed_as_differences() {
+        let from = GroupPositions {
+            shared: Some(10),
+            own: [("a/t".to_string(), 3), ("b/t".to_string(), 5)]
+                .into_iter()
+                .collect(),
+            known: ["a/t", "b/t", "c/t"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        };
+        let to = GroupPositions {
+            shared: Some(20),
+            own: [("a/t".to_string(), 3), ("c/t".to_string(), 25)]
+                .into_iter()
+                .collect(),
+            known: from.known.clone(),
+        };
+        let (set, del) = group_diff(Some(&from), &to);
+        assert_eq!(
+            set,
+            vec![
+                ("~shared".to_string(), "20".to_string()),
+                ("c/t".to_string(), "25".to_string())
+            ]
+        );
+        assert_eq!(del, vec!["b/t".to_string()]);
+        // What Redis then holds reads back as `to`.
+        let mut fields: HashMap<String, String> = HashMap::new();
+        let (all, _) = group_diff(None, &to);
+        fields.extend(all);
+        assert_eq!(parse_group(fields).unwrap(), to);
+        assert!(parse_group([("~shared".to_string(), "x".to_string())].into()).is_err());
+    }
 
     #[test]
     fn entry_ids_map_to_sequence_numbers() {

@@ -29,7 +29,11 @@ async fn running(s: &Sluice) -> BTreeMap<String, String> {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|x| x["id"].as_str().unwrap().contains('#') && x["state"] == "RUNNING")
+        .filter(|x| {
+            // Leased tasks only (`bus/{bus}#{shard}`), not the subscriptions' lanes.
+            let id = x["id"].as_str().unwrap();
+            id.contains('#') && id.matches('/').count() == 1 && x["state"] == "RUNNING"
+        })
         .map(|x| {
             (
                 x["id"].as_str().unwrap().to_string(),

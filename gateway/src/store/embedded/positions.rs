@@ -278,6 +278,53 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn shard_positions_survive_reopen_and_only_changed_files_are_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = EmbeddedPositions::open(dir.path()).unwrap();
+        assert_eq!(
+            p.load_group("b", 0).await.unwrap(),
+            GroupPositions::default()
+        );
+        let group = GroupPositions {
+            shared: Some(40),
+            own: [("slow/t".to_string(), 12)].into_iter().collect(),
+            known: ["fast/t", "slow/t"].iter().map(|s| s.to_string()).collect(),
+        };
+        p.set_group("b", 0, group.clone());
+        assert_eq!(p.committed_group("b", 0), None, "not before a flush");
+        p.flush().await.unwrap();
+        assert_eq!(p.committed_group("b", 0), Some(group.clone()));
+        assert_eq!(group.of("fast/t"), Some(40));
+        assert_eq!(group.of("slow/t"), Some(12));
+        assert_eq!(group.of("new/t"), None);
+        assert_eq!(group.min(), Some(12));
+        // Moving positions rewrites groups.json only; the subscription list stays as written.
+        let known = std::fs::metadata(dir.path().join(KNOWN))
+            .unwrap()
+            .modified()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let moved = GroupPositions {
+            shared: Some(50),
+            own: BTreeMap::new(),
+            ..group.clone()
+        };
+        p.set_group("b", 0, moved.clone());
+        p.flush().await.unwrap();
+        let after = std::fs::metadata(dir.path().join(KNOWN))
+            .unwrap()
+            .modified()
+            .unwrap();
+        assert_eq!(known, after);
+        let reopened = EmbeddedPositions::open(dir.path()).unwrap();
+        assert_eq!(reopened.load_group("b", 0).await.unwrap(), moved);
+        assert_eq!(
+            reopened.load_group("b", 1).await.unwrap(),
+            GroupPositions::default()
+        );
+    }
+
+    #[tokio::test]
     async fn positions_survive_reopen_only_after_flush() {
         let dir = tempfile::tempdir().unwrap();
         let p = EmbeddedPositions::open(dir.path()).unwrap();

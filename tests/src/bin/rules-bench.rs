@@ -1,0 +1,242 @@
+//! Fan-out benchmark (run by `make bench-rules`; figures, not assertions): one bus with 4
+//! shards and N rules (1, 100, 1,000, 10,000), standalone and distributed, in one run.
+//! Each rule matches one event type and writes to one file target (all targets share the
+//! file, appending whole batches). Variants: every event matches exactly one rule, or ten.
+//!
+//! Per run it prints: start-up until every shard task runs, delivered events/s end to end
+//! (from the first request until the last event is in the file), duplicates counted from
+//! the delivered ids, RSS after the load, idle CPU (% of one core, over 5 s) and, in
+//! distributed mode, Redis commands/s while idle.
+//!
+//! Uses the machine's Redis (127.0.0.1:6379, or SLUICE_E2E_REDIS); run it alone on the
+//! machine, since idle figures count every Redis command. `EVENTS` (default 40000) and
+//! `RULES` (default `1,100,1000,10000`) change the size.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sluice_tests::{ids, read_jsonl, shared_redis, Sluice};
+
+const SHARDS: u32 = 4;
+
+fn rules_toml(rules: usize, per_event: usize) -> String {
+    let mut text = String::new();
+    for i in 0..rules {
+        // With `per_event` = 10, rules come in groups of ten sharing one type.
+        let ty = i / per_event;
+        text.push_str(&format!(
+            "\n[[rules]]\nname = \"r{i}\"\nbus = \"default\"\npattern = {{ type = [\"t{ty}\"] }}\n\n[[rules.targets]]\ntype = \"file\"\nname = \"f\"\npath = \"{{data_dir}}/out.jsonl\"\n"
+        ));
+    }
+    text
+}
+
+/// CPU time (user + system) of a process, in seconds.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may contain spaces) start after ") ".
+    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields
+        .get(11..13)
+        .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
+        .unwrap_or(0.0);
+    ticks / 100.0
+}
+
+async fn redis_commands(url: &str) -> u64 {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+struct Figures {
+    startup: f64,
+    delivered_per_sec: f64,
+    duplicates: usize,
+    rss_mib: f64,
+    idle_cpu: f64,
+    idle_redis: Option<f64>,
+    lost_leases: usize,
+}
+
+async fn run(distributed: bool, rules: usize, per_event: usize, events: usize) -> Figures {
+    let mut builder = Sluice::builder()
+        .durability("os")
+        .without_default_rule()
+        .shards(SHARDS)
+        .extra(&rules_toml(rules, per_event));
+    let redis = shared_redis(&format!("bench-rules-{rules}"));
+    if distributed {
+        builder = builder.distributed(&redis.0, &redis.1);
+    }
+    let started = Instant::now();
+    let sluice = builder.start().await;
+    loop {
+        if sluice.running_tasks().await.len() == SHARDS as usize {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let startup = started.elapsed().as_secs_f64();
+    let types = rules.div_ceil(per_event);
+    let client = reqwest::Client::new();
+    let url = sluice.events_url();
+    let loaded = Instant::now();
+    let concurrency = 8;
+    let batch = 100;
+    let mut posters = Vec::new();
+    for p in 0..concurrency {
+        let client = client.clone();
+        let url = url.clone();
+        posters.push(tokio::spawn(async move {
+            let mut accepted = 0;
+            for b in (p..events / batch).step_by(concurrency) {
+                let chunk: Vec<Value> = (0..batch)
+                    .map(|i| {
+                        let n = b * batch + i;
+                        json!({
+                            "specversion": "1.0", "id": format!("e{n}"), "source": "/bench",
+                            "type": format!("t{}", n % types),
+                            "datacontenttype": "application/json",
+                            "data": {"n": n, "pad": "x".repeat(900)}
+                        })
+                    })
+                    .collect();
+                let r = client
+                    .post(&url)
+                    .header("content-type", "application/cloudevents-batch+json")
+                    .body(Value::Array(chunk).to_string())
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status().as_u16(), 202);
+                accepted += batch;
+            }
+            accepted
+        }));
+    }
+    let mut accepted = 0;
+    for p in posters {
+        accepted += p.await.unwrap();
+    }
+    let expected = accepted * per_event.min(rules);
+    let out = sluice.data_dir().join("out.jsonl");
+    let delivered = loop {
+        let lines = read_jsonl(&out);
+        if lines.len() >= expected {
+            break lines;
+        }
+        assert!(
+            loaded.elapsed() < Duration::from_secs(600),
+            "delivery stalled at {} of {expected}",
+            lines.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let elapsed = loaded.elapsed().as_secs_f64();
+    let all = ids(&delivered);
+    let distinct: HashSet<&String> = all.iter().collect();
+    // Each event is delivered once per matching rule: duplicates are deliveries beyond that.
+    let duplicates = all.len() - distinct.len() * per_event.min(rules);
+    let rss_mib = sluice.rss_kib().unwrap_or(0) as f64 / 1024.0;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pid = sluice.pid().unwrap();
+    let cpu0 = cpu_secs(pid);
+    let cmd0 = if distributed {
+        Some(redis_commands(&redis.0).await)
+    } else {
+        None
+    };
+    let window = 5.0;
+    tokio::time::sleep(Duration::from_secs_f64(window)).await;
+    let idle_cpu = (cpu_secs(pid) - cpu0) / window * 100.0;
+    let idle_redis = match cmd0 {
+        // Minus this benchmark's own INFO call.
+        Some(c0) => Some((redis_commands(&redis.0).await - c0).saturating_sub(1) as f64 / window),
+        None => None,
+    };
+    let lost_leases = sluice.log().matches("lease lost").count();
+    Figures {
+        lost_leases,
+        startup,
+        delivered_per_sec: expected as f64 / elapsed,
+        duplicates,
+        rss_mib,
+        idle_cpu,
+        idle_redis,
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let events: usize = std::env::var("EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40_000);
+    let counts: Vec<usize> = std::env::var("RULES")
+        .unwrap_or_else(|_| "1,100,1000,10000".to_string())
+        .split(',')
+        .filter_map(|v| v.trim().parse().ok())
+        .collect();
+    println!(
+        "{:<12} {:>6} {:>9} {:>10} {:>14} {:>6} {:>9} {:>9} {:>12}",
+        "mode",
+        "rules",
+        "per event",
+        "start s",
+        "delivered/s",
+        "dups",
+        "RSS MiB",
+        "idle CPU%",
+        "idle redis/s"
+    );
+    println!("(delivered/s counts deliveries: with 10 rules per event, ten per event)");
+    for distributed in [false, true] {
+        let mode = if distributed {
+            "distributed"
+        } else {
+            "standalone"
+        };
+        let mut first = None;
+        for &rules in &counts {
+            for per_event in [1, 10] {
+                if per_event > rules {
+                    continue;
+                }
+                let f = run(distributed, rules, per_event, events).await;
+                if per_event == 1 && first.is_none() {
+                    first = Some(f.delivered_per_sec);
+                }
+                println!(
+                    "{:<12} {:>6} {:>9} {:>10.2} {:>14.0} {:>6} {:>9.1} {:>9.2} {:>12}  ({:.2}x of 1 rule; {} leases lost)",
+                    mode,
+                    rules,
+                    per_event,
+                    f.startup,
+                    f.delivered_per_sec,
+                    f.duplicates,
+                    f.rss_mib,
+                    f.idle_cpu,
+                    f.idle_redis.map_or("-".to_string(), |r| format!("{r:.1}")),
+                    f.delivered_per_sec / first.unwrap_or(f.delivered_per_sec),
+                    f.lost_leases,
+                );
+            }
+        }
+    }
+}
