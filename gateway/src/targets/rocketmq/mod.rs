@@ -1,29 +1,43 @@
-//! The `rocketmq` target: each event becomes a message on a topic, following the RocketMQ
-//! binding of CloudEvents (binary mode): the data is the body, every attribute is a user
-//! property named `CE_<attribute>`. Tag and keys come from attributes (configurable).
+//! The `rocketmq` target: each event becomes a message on a topic (the CloudEvents RocketMQ
+//! binding, see `message`), sent to the queue its partition key maps to (see `queues`).
 //!
-//! Order: events with the same partition key go to the same queue, and the batches of one
-//! queue are sent one after the other; different queues are sent concurrently, with the
-//! number of batches in flight capped (unbounded sends saturate the client's admission queue).
-//! One sync send costs ~1.7 ms here while batches of 100 reach ~40k msg/s, so batch.
+//! Order: events with the same partition key go to the same queue for as long as the topic's
+//! queues stay the same, and the batches of one queue are sent one after the other: a batch
+//! goes only once the one before it for that queue succeeded, so a failed batch is retried
+//! (the delivery policy retries the whole delivery) before anything after it. Different
+//! queues are sent concurrently, with the number of batches in flight capped (unbounded
+//! sends saturate the client's admission queue). One sync send costs ~1.7 ms here while
+//! batches of 100 reach ~40k msg/s, so batch.
+//!
+//! Every send goes through the client's queue selector, synchronously, which the client never
+//! retries: the client finds the route as RocketMQ producers do (the topic's route, else the
+//! default route `TBW102`, so a broker with `autoCreateTopicEnable` creates the topic on the
+//! first send), and the selector only ever answers the key's queue. A failed send stays
+//! failed rather than moving to another queue; retries belong to the delivery policy.
 //!
 //! Client: `rocketmq-client-rust` (remoting protocol), which talks to the Rust broker
 //! directly; the Apache 5.x client is gRPC-only and would need a proxy.
 
+mod message;
+mod queues;
+
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use rocketmq_client_rust::{ClientRuntime, ClientRuntimeConfig, DefaultMQProducer};
+use rocketmq_client_rust::{
+    ClientError, ClientRuntime, ClientRuntimeConfig, DefaultMQProducer, MQClientException,
+};
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
+use rocketmq_model::result::SendStatus;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Mutex, OnceCell, Semaphore};
+use tokio::sync::{OnceCell, Semaphore};
 
-use super::attribute;
-use super::{attributes, data_bytes, Envelope, Target, TargetError};
+use super::{Envelope, Target, TargetError};
 use crate::config::{DeadLetterConfig, RetryConfig};
+use queues::{QueueMap, Route, Seen};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -179,12 +193,242 @@ fn shared_producer(name_server: &str, group: &str) -> SharedProducer {
 pub struct RocketMqTarget {
     config: RocketMqConfig,
     producer: SharedProducer,
-    queues: Mutex<Option<(Vec<MessageQueue>, Instant)>>,
+    route: Arc<Route>,
     in_flight: Arc<Semaphore>,
 }
 
-/// How long a topic's queue list is trusted before it is fetched again.
-const QUEUES_TTL: Duration = Duration::from_secs(30);
+/// The topic that stands for every topic a broker may create on first use.
+const DEFAULT_TOPIC: &str = "TBW102";
+
+/// How long a delivery refused by a change of the topic's queues waits before it is grouped
+/// again: long enough for the task status (checked every 250 ms) to show why.
+const QUEUES_CHANGED_PAUSE: Duration = Duration::from_millis(500);
+
+/// Why a send failed.
+#[derive(Debug, thiserror::Error)]
+enum SendError {
+    #[error("the queues of topic `{topic}` changed from {from} to {to} ({queues}): partition keys now map over the new queues, so a key's events before and after the change may be on different queues; the batch is grouped again")]
+    QueuesChanged {
+        topic: String,
+        from: usize,
+        to: usize,
+        queues: String,
+    },
+    #[error("topic `{topic}` does not exist and the broker does not create topics on first use (autoCreateTopicEnable = false): create it, e.g. `mqadmin updateTopic -n {name_server} -c <cluster> -t {topic}`")]
+    TopicMissing { topic: String, name_server: String },
+    #[error("no route to topic `{topic}` from name server {name_server}: {error}")]
+    NoRoute {
+        topic: String,
+        name_server: String,
+        error: String,
+    },
+    #[error("the broker refused a message of topic `{topic}` as illegal: {error}")]
+    Illegal { topic: String, error: String },
+    #[error("send to queue {queue} of topic `{topic}` failed: {error}")]
+    Failed {
+        topic: String,
+        queue: String,
+        error: String,
+    },
+    #[error("the broker answered {status:?} for queue {queue} of topic `{topic}`")]
+    Status {
+        topic: String,
+        queue: String,
+        status: SendStatus,
+    },
+}
+
+impl From<SendError> for TargetError {
+    fn from(e: SendError) -> TargetError {
+        match &e {
+            SendError::Illegal { .. } => TargetError::fatal(e.to_string()),
+            SendError::QueuesChanged { .. } => TargetError {
+                retry_after: Some(QUEUES_CHANGED_PAUSE),
+                ..TargetError::retryable(e.to_string())
+            },
+            _ => TargetError::retryable(e.to_string()),
+        }
+    }
+}
+
+/// What a send asks of the queue selector, and what the selector saw.
+struct Pick {
+    /// The map the batch was grouped under and the batch's queue in it; `None` for the send
+    /// that learns the route, which goes to `key`'s queue on whatever the route lists.
+    grouped: Option<(QueueMap, usize)>,
+    key: String,
+    seen: std::sync::Mutex<Option<QueueMap>>,
+}
+
+/// The queue selector: the batch's queue while the route lists what the batch was grouped
+/// for, else none (the send fails and the delivery groups its events again).
+fn select<M>(route: &[MessageQueue], _message: &M, pick: &Arc<Pick>) -> Option<MessageQueue> {
+    let seen = QueueMap::new(route)?;
+    let chosen = match &pick.grouped {
+        Some((map, index)) if *map == seen => seen.queue(*index).cloned(),
+        Some(_) => None,
+        None => seen.queue(seen.index_of(&pick.key)).cloned(),
+    };
+    *pick.seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(seen);
+    chosen
+}
+
+/// What the tasks sending one queue's batches share.
+struct Sender {
+    producer: Arc<DefaultMQProducer>,
+    route: Arc<Route>,
+    topic: String,
+    name_server: String,
+    timeout_ms: u64,
+}
+
+impl Sender {
+    /// Sends messages (one, or several as one batch request) through the selector.
+    async fn send(&self, mut messages: Vec<Message>, pick: Pick) -> Result<(), SendError> {
+        let pick = Arc::new(pick);
+        let result = match messages.len() {
+            1 => match messages.pop() {
+                Some(message) => self
+                    .producer
+                    .send_with_selector_timeout(message, select, pick.clone(), self.timeout_ms)
+                    .await
+                    .map(|r| r.map(|r| r.send_status)),
+                None => Ok(None),
+            },
+            _ => match message::batch(messages) {
+                Ok(batch) => self
+                    .producer
+                    .send_with_selector_timeout(batch, select, pick.clone(), self.timeout_ms)
+                    .await
+                    .map(|r| r.map(|r| r.send_status)),
+                Err(e) => {
+                    return Err(SendError::Failed {
+                        topic: self.topic.clone(),
+                        queue: "-".into(),
+                        error: e.message,
+                    })
+                }
+            },
+        };
+        let seen = pick.seen.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let expected = pick.grouped.as_ref().map(|(map, _)| map);
+        let queue = match (&seen, &pick.grouped) {
+            (Some(seen), Some((_, index))) => seen.queue(*index),
+            (Some(seen), None) => seen.queue(seen.index_of(&pick.key)),
+            (None, _) => None,
+        }
+        .map(|q| format!("{}:{}", q.broker_name(), q.queue_id()))
+        .unwrap_or_else(|| "-".into());
+        if let Some(seen) = &seen {
+            match self.route.observe(expected, seen) {
+                Seen::Same => {}
+                Seen::First => {
+                    tracing::debug!(topic = %self.topic, queues = %seen.describe(), "partition keys are spread over these queues");
+                }
+                Seen::Changed {
+                    from,
+                    to,
+                    first_report,
+                } => {
+                    if first_report {
+                        tracing::warn!(
+                            topic = %self.topic,
+                            from = from.len(),
+                            to = to.len(),
+                            queues = %to.describe(),
+                            "the topic's queues changed: partition keys now map over the new queues (a key's events before and after the change may be on different queues)"
+                        );
+                    }
+                    if expected.is_some() {
+                        return Err(SendError::QueuesChanged {
+                            topic: self.topic.clone(),
+                            from: from.len(),
+                            to: to.len(),
+                            queues: to.describe(),
+                        });
+                    }
+                }
+            }
+        }
+        match result {
+            Ok(Some(SendStatus::SendOk)) | Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(SendError::Status {
+                topic: self.topic.clone(),
+                queue,
+                status,
+            }),
+            Err(error) => Err(self.classify(error, seen.is_some(), queue).await),
+        }
+    }
+
+    /// Names a failure for the status: a topic the broker will not create, a route the name
+    /// server does not have, a message the broker refuses, or a failed send.
+    async fn classify(&self, error: ClientError, selected: bool, queue: String) -> SendError {
+        const TOPIC_NOT_EXIST: i32 = 17;
+        const MESSAGE_ILLEGAL: i32 = 13;
+        match error.broker_response_code() {
+            Some(TOPIC_NOT_EXIST) => {
+                return SendError::TopicMissing {
+                    topic: self.topic.clone(),
+                    name_server: self.name_server.clone(),
+                }
+            }
+            Some(MESSAGE_ILLEGAL) => {
+                return SendError::Illegal {
+                    topic: self.topic.clone(),
+                    error: explain(&error),
+                }
+            }
+            _ => {}
+        }
+        if selected {
+            return SendError::Failed {
+                topic: self.topic.clone(),
+                queue,
+                error: explain(&error),
+            };
+        }
+        // No route reached the selector: ask the name server whether the topic, or the
+        // default topic a broker creates topics from, exists at all.
+        let mut probe = (*self.producer).clone();
+        let topic_missing = matches!(probe.fetch_publish_message_queues(&self.topic).await, Err(e) if route_not_found(&e));
+        if topic_missing
+            && matches!(probe.fetch_publish_message_queues(DEFAULT_TOPIC).await, Err(e) if route_not_found(&e))
+        {
+            return SendError::TopicMissing {
+                topic: self.topic.clone(),
+                name_server: self.name_server.clone(),
+            };
+        }
+        SendError::NoRoute {
+            topic: self.topic.clone(),
+            name_server: self.name_server.clone(),
+            error: explain(&error),
+        }
+    }
+}
+
+/// The client's message below an error's canonical code (alone, the code reads like
+/// "core.argument.invalid: Argument is invalid").
+fn detail(error: &ClientError) -> Option<&str> {
+    error
+        .source_ref::<MQClientException>()
+        .and_then(MQClientException::error_message)
+}
+
+/// An error for logs and the task status: its code, and the client's message when it has one.
+fn explain(error: &ClientError) -> String {
+    match detail(error) {
+        Some(detail) => format!("{error} ({detail})"),
+        None => error.to_string(),
+    }
+}
+
+/// Whether the name server answered that it knows no such topic (the client says so only
+/// in its message; an unreachable name server fails differently).
+fn route_not_found(error: &ClientError) -> bool {
+    detail(error).is_some_and(|d| d.contains("Can not find Message Queue"))
+}
 
 impl RocketMqTarget {
     pub fn new(config: &RocketMqConfig) -> Result<RocketMqTarget, TargetError> {
@@ -196,7 +440,7 @@ impl RocketMqTarget {
         Ok(RocketMqTarget {
             producer: shared_producer(&config.name_server, &group),
             config: config.clone(),
-            queues: Mutex::new(None),
+            route: Arc::new(Route::default()),
             in_flight: Arc::new(Semaphore::new(config.max_in_flight)),
         })
     }
@@ -211,10 +455,14 @@ impl RocketMqTarget {
                     .producer_group
                     .clone()
                     .unwrap_or_else(|| format!("sluice-{}", self.config.name));
+                // No client-side retries: a retried send could land after the sends behind
+                // it, and the delivery policy retries whole deliveries anyway.
                 let mut producer = DefaultMQProducer::builder(runtime)
                     .producer_group(group)
                     .name_server_addr(self.config.name_server.clone())
                     .send_msg_timeout(self.config.send_timeout.as_millis() as u32)
+                    .retry_times_when_send_failed(0)
+                    .retry_times_when_send_async_failed(0)
                     .build();
                 producer.start().await.map_err(|e| {
                     TargetError::retryable(format!("cannot start the RocketMQ producer: {e}"))
@@ -225,89 +473,26 @@ impl RocketMqTarget {
             .cloned()
     }
 
-    /// The topic's queues, sorted so every replica maps a key to the same queue.
-    async fn queues(&self, producer: &DefaultMQProducer) -> Result<Vec<MessageQueue>, TargetError> {
-        let mut cached = self.queues.lock().await;
-        if let Some((queues, at)) = cached.as_ref() {
-            if at.elapsed() < QUEUES_TTL && !queues.is_empty() {
-                return Ok(queues.clone());
+    /// One queue's events, in order, cut into batches by count and bytes.
+    fn batches(&self, encoded: Vec<message::Encoded>, map: &QueueMap) -> Vec<Vec<Vec<Message>>> {
+        let mut per_queue: Vec<Vec<Vec<Message>>> = vec![Vec::new(); map.len()];
+        let mut sizes: Vec<usize> = vec![0; map.len()];
+        for e in encoded {
+            let q = map.index_of(&e.key);
+            let batches = &mut per_queue[q];
+            let full = batches.last().is_none_or(|b| {
+                b.len() >= self.config.max_batch || sizes[q] + e.size > self.config.max_batch_bytes
+            });
+            if full {
+                batches.push(Vec::new());
+                sizes[q] = 0;
+            }
+            sizes[q] += e.size;
+            if let Some(batch) = batches.last_mut() {
+                batch.push(e.message);
             }
         }
-        // Fetching needs `&mut`; a clone shares the started client underneath.
-        let mut fetcher = producer.clone();
-        let mut queues = fetcher
-            .fetch_publish_message_queues(&self.config.topic)
-            .await
-            .map_err(|e| {
-                TargetError::retryable(format!(
-                    "cannot fetch the queues of topic `{}`: {e}",
-                    self.config.topic
-                ))
-            })?;
-        if queues.is_empty() {
-            return Err(TargetError::retryable(format!(
-                "topic `{}` has no writable queues",
-                self.config.topic
-            )));
-        }
-        queues
-            .sort_by(|a, b| (a.broker_name(), a.queue_id()).cmp(&(b.broker_name(), b.queue_id())));
-        tracing::debug!(
-            topic = %self.config.topic,
-            queues = ?queues.iter().map(|q| (q.broker_name().to_string(), q.queue_id())).collect::<Vec<_>>(),
-            "fetched the topic's queues"
-        );
-        *cached = Some((queues.clone(), Instant::now()));
-        Ok(queues)
-    }
-
-    async fn forget_queues(&self) {
-        *self.queues.lock().await = None;
-    }
-
-    /// The message for one event, and the key choosing its queue.
-    fn message(&self, envelope: &Envelope) -> Result<(Message, String, usize), TargetError> {
-        let event = envelope.decoded()?;
-        let body = match &envelope.body {
-            Some(transformed) => transformed.bytes.to_vec(),
-            None => data_bytes(&event),
-        };
-        let mut size = body.len();
-        let mut builder = Message::builder()
-            .topic(self.config.topic.as_str())
-            .body(body);
-        let tag = match (&self.config.tag, &self.config.tag_attribute) {
-            (Some(tag), _) => Some(tag.clone()),
-            (None, Some(attr)) => attribute(&event, attr),
-            (None, None) => None,
-        };
-        if let Some(tag) = tag.filter(|t| !t.is_empty()) {
-            size += tag.len();
-            builder = builder.tags(tag);
-        }
-        if let Some(key) = attribute(&event, &self.config.keys_attribute).filter(|k| !k.is_empty())
-        {
-            size += key.len();
-            builder = builder.key(key);
-        }
-        if let Some(ct) = cloudevents::AttributesReader::datacontenttype(event.as_ref()) {
-            size += ct.len() + 16;
-            builder = builder
-                .raw_property("CE_datacontenttype", ct.to_string())
-                .map_err(|e| TargetError::fatal(e.to_string()))?;
-        }
-        for (name, value) in attributes(&event) {
-            size += name.len() + value.len() + 5;
-            builder = builder
-                .raw_property(format!("CE_{name}"), value)
-                .map_err(|e| TargetError::fatal(format!("property CE_{name}: {e}")))?;
-        }
-        let message = builder
-            .build()
-            .map_err(|e| TargetError::fatal(format!("cannot build the message: {e}")))?;
-        let key = attribute(&event, &self.config.partition_key_attribute)
-            .unwrap_or_else(|| cloudevents::AttributesReader::id(event.as_ref()).to_string());
-        Ok((message, key, size))
+        per_queue
     }
 }
 
@@ -315,86 +500,80 @@ impl RocketMqTarget {
 impl Target for RocketMqTarget {
     async fn deliver(&self, events: &[Envelope]) -> Result<(), TargetError> {
         let producer = self.producer().await?;
-        let queues = self.queues(&producer).await?;
-        // Per queue, the events in order, cut into batches.
-        let mut per_queue: Vec<Vec<Vec<Message>>> = vec![Vec::new(); queues.len()];
-        let mut sizes: Vec<usize> = vec![0; queues.len()];
-        for envelope in events {
-            let (message, key, size) = self.message(envelope)?;
-            let q = crate::ingress::shard_of(&key, queues.len() as u32) as usize;
-            let batches = &mut per_queue[q];
-            let full = batches.last().is_none_or(|b| {
-                b.len() >= self.config.max_batch || sizes[q] + size > self.config.max_batch_bytes
-            });
-            if full {
-                batches.push(Vec::new());
-                sizes[q] = 0;
-            }
-            sizes[q] += size;
-            if let Some(batch) = batches.last_mut() {
-                batch.push(message);
-            }
+        let mut encoded = events
+            .iter()
+            .map(|e| message::encode(&self.config, e))
+            .collect::<Result<Vec<_>, _>>()?;
+        if encoded.is_empty() {
+            return Ok(());
         }
-        let timeout = self.config.send_timeout.as_millis() as u64;
+        let sender = Arc::new(Sender {
+            producer,
+            route: self.route.clone(),
+            topic: self.config.topic.clone(),
+            name_server: self.config.name_server.clone(),
+            timeout_ms: self.config.send_timeout.as_millis() as u64,
+        });
+        let map = match self.route.current() {
+            Some(map) => map,
+            None => {
+                // Nothing is known of the topic's queues yet: the first event's send learns
+                // them (for a new topic, from the default route the broker creates it with).
+                let first = encoded.remove(0);
+                let pick = Pick {
+                    grouped: None,
+                    key: first.key,
+                    seen: Default::default(),
+                };
+                sender.send(vec![first.message], pick).await?;
+                self.route.current().ok_or_else(|| {
+                    TargetError::retryable(format!(
+                        "no queues of topic `{}` learnt from the route",
+                        self.config.topic
+                    ))
+                })?
+            }
+        };
         let mut sends = tokio::task::JoinSet::new();
-        for (queue, batches) in queues.into_iter().zip(per_queue) {
+        for (index, batches) in self.batches(encoded, &map).into_iter().enumerate() {
             if batches.is_empty() {
                 continue;
             }
-            let producer = producer.clone();
+            let sender = sender.clone();
             let in_flight = self.in_flight.clone();
+            let map = map.clone();
             sends.spawn(async move {
-                for mut batch in batches {
+                for batch in batches {
                     let _permit = in_flight
                         .acquire()
                         .await
                         .map_err(|_| TargetError::retryable("target is shutting down"))?;
-                    let result = if batch.len() == 1 {
-                        let message = batch
-                            .pop()
-                            .ok_or_else(|| TargetError::fatal("empty batch"))?;
-                        producer
-                            .send_to_queue_with_timeout(message, queue.clone(), timeout)
-                            .await
-                            .map(|r| r.map(|r| r.send_status))
-                    } else {
-                        producer
-                            .send_batch_to_queue_with_timeout(batch, queue.clone(), timeout)
-                            .await
-                            .map(|r| Some(r.send_status))
+                    let pick = Pick {
+                        grouped: Some((map.clone(), index)),
+                        key: String::new(),
+                        seen: Default::default(),
                     };
-                    match result {
-                        Ok(Some(rocketmq_model::result::SendStatus::SendOk)) | Ok(None) => {}
-                        Ok(Some(status)) => {
-                            return Err(TargetError::retryable(format!(
-                                "broker answered {status:?} for queue {}",
-                                queue.queue_id()
-                            )))
-                        }
-                        Err(e) => {
-                            return Err(TargetError::retryable(format!(
-                                "send to queue {} failed: {e}",
-                                queue.queue_id()
-                            )))
-                        }
-                    }
+                    // The next batch of this queue goes only after this one succeeded.
+                    sender.send(batch, pick).await?;
                 }
-                Ok(())
+                Ok::<(), TargetError>(())
             });
         }
-        let mut first_error = None;
+        // A refused event is reported over a refused route, which is reported over the
+        // rest: a non-retryable error makes the delivery go event by event.
+        let mut worst: Option<TargetError> = None;
         while let Some(joined) = sends.join_next().await {
             let result = joined.unwrap_or_else(|e| Err(TargetError::retryable(e.to_string())));
             if let Err(e) = result {
-                first_error.get_or_insert(e);
+                let rank = |e: &TargetError| (!e.retryable, e.retry_after.is_some());
+                if worst.as_ref().is_none_or(|w| rank(&e) > rank(w)) {
+                    worst = Some(e);
+                }
             }
         }
-        match first_error {
+        match worst {
             None => Ok(()),
-            Some(e) => {
-                self.forget_queues().await;
-                Err(e)
-            }
+            Some(e) => Err(e),
         }
     }
 
