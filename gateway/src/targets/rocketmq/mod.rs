@@ -214,7 +214,7 @@ enum SendError {
         to: usize,
         queues: String,
     },
-    #[error("topic `{topic}` does not exist and the broker does not create topics on first use (autoCreateTopicEnable = false): create it, e.g. `mqadmin updateTopic -n {name_server} -c <cluster> -t {topic}`")]
+    #[error("topic `{topic}` does not exist and no broker creates it on first use (autoCreateTopicEnable = false, or no broker registered with name server {name_server}): create it, e.g. `mqadmin updateTopic -n {name_server} -c <cluster> -t {topic}`")]
     TopicMissing { topic: String, name_server: String },
     #[error("no route to topic `{topic}` from name server {name_server}: {error}")]
     NoRoute {
