@@ -141,6 +141,16 @@ impl Ledger {
         }
     }
 
+    /// The route the producer started with (for a new topic, the default one) is the route
+    /// the topic got: no key moved.
+    fn assert_no_queue_change(sluice: &Sluice) {
+        assert!(
+            !sluice.log().contains("the topic's queues changed"),
+            "{}",
+            sluice.log()
+        );
+    }
+
     fn report(&self, what: &str, stored: usize) {
         let per_key: Vec<String> = self
             .queues
@@ -176,6 +186,7 @@ async fn each_key_stays_on_one_queue_in_order_posted_one_request_at_a_time() {
     let ledger = Ledger::of(&stored, &posted);
     ledger.report("one request at a time", stored.len());
     ledger.assert_one_queue_and_posted_order(&posted);
+    Ledger::assert_no_queue_change(&sluice);
     assert_eq!(
         ledger.duplicates, 0,
         "no duplicates in a run without faults"
@@ -204,6 +215,7 @@ async fn each_key_stays_on_one_queue_in_order_posted_in_batches() {
     let ledger = Ledger::of(&stored, &posted);
     ledger.report("batches", stored.len());
     ledger.assert_one_queue_and_posted_order(&posted);
+    Ledger::assert_no_queue_change(&sluice);
     assert_eq!(
         ledger.duplicates, 0,
         "no duplicates in a run without faults"
@@ -219,30 +231,44 @@ async fn a_broker_restart_loses_nothing_and_keeps_each_key_in_order() {
     let mut mq = RocketMq::start().await;
     let topic = "SluiceRestart";
     let sluice = gateway(&mq, topic, "").await;
-    let client = reqwest::Client::new();
     let keys = ["a", "b", "c", "d", "e", "f"];
-    const PER_KEY: usize = 60;
-    for n in 0..PER_KEY {
-        if n == PER_KEY / 2 {
-            mq.restart_broker().await;
+    const PER_KEY: usize = 100;
+    // Rounds of one event per key, 50 ms apart, from a task of their own: the restart
+    // happens while they keep coming.
+    let (started, mut running) = tokio::sync::mpsc::channel::<()>(1);
+    let url = sluice.events_url();
+    let poster = tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        for n in 0..PER_KEY {
+            let batch: Vec<Value> = keys.iter().map(|k| keyed_event(k, n)).collect();
+            post_batch(&client, &url, batch).await;
+            if n == PER_KEY / 5 {
+                let _ = started.send(()).await;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let batch: Vec<Value> = keys.iter().map(|k| keyed_event(k, n)).collect();
-        post_batch(&client, &sluice.events_url(), batch).await;
-    }
+    });
+    running.recv().await;
+    mq.restart_broker().await;
+    poster.await.unwrap();
     let stored = mq.read_queues(topic, keys.len() * PER_KEY).await;
     let posted: BTreeMap<String, usize> = keys.iter().map(|k| (k.to_string(), PER_KEY)).collect();
     let ledger = Ledger::of(&stored, &posted);
     ledger.report("broker restart", stored.len());
     ledger.assert_one_queue_and_posted_order(&posted);
+    Ledger::assert_no_queue_change(&sluice);
     assert!(
         ledger.duplicates <= keys.len() * PER_KEY / 2,
         "{} duplicates",
         ledger.duplicates
     );
-    assert!(
-        sluice.log().contains("delivery failed"),
-        "the restart was noticed"
-    );
+    let failed = sluice
+        .log()
+        .lines()
+        .filter(|l| l.contains("delivery failed"))
+        .count();
+    println!("broker restart: {failed} failed delivery attempts while it was away");
+    assert!(failed > 0, "the restart was noticed");
 }
 
 /// A broker without `autoCreateTopicEnable`: the task status says the topic must be created
@@ -329,6 +355,14 @@ async fn a_change_of_the_queue_count_is_logged_and_order_holds_from_then_on() {
         n += 1;
     }
     let stored = mq.read_queues(topic, keys.len() * n).await;
+    // The error that refused the batches grouped under 4 queues (the task status's reason).
+    assert!(
+        sluice
+            .log()
+            .contains("the queues of topic `SluiceResized` changed from 4 to 8"),
+        "{}",
+        sluice.log()
+    );
     let posted: BTreeMap<String, usize> = keys.iter().map(|k| (k.clone(), n)).collect();
     let ledger = Ledger::of(&stored, &posted);
     ledger.report("queue count change", stored.len());
