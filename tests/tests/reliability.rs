@@ -239,6 +239,13 @@ async fn probes_answer_while_the_request_limit_is_saturated() {
         assert!(Instant::now() < deadline, "never saturated: {}", r.status());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The limit is one for the whole API, not one per route.
+    let r = client
+        .get(sluice.url("/admin/cluster"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503, "other routes are shed too");
     for probe in ["/healthz", "/readyz"] {
         let r = client.get(sluice.url(probe)).send().await.unwrap();
         assert_eq!(r.status().as_u16(), 200, "{probe} under load");

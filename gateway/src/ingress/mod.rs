@@ -87,7 +87,11 @@ fn limited(state: Arc<IngressState>) -> Router {
                     Problem::overloaded()
                 }))
                 .load_shed()
-                .concurrency_limit(limits.max_concurrent_requests)
+                // `Router::layer` layers each route on its own: a plain concurrency limit
+                // would be one limit per route. The global one shares one semaphore.
+                .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+                    limits.max_concurrent_requests,
+                ))
                 .layer(middleware::from_fn_with_state(
                     limits.request_timeout,
                     request_timeout,
