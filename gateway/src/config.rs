@@ -338,6 +338,152 @@ pub struct FileTargetConfig {
     pub transform: Option<toml::Value>,
 }
 
+/// Where in a nested table an error is. Targets are internally tagged (`type = "http"`), and
+/// serde reads a tagged table through a buffer that drops the positions: an error anywhere
+/// inside a `[[rules.targets]]` entry (a dead-letter `target` without `name`, an unknown key
+/// of its retry table) comes back spanning the whole entry. This finds, inside that entry,
+/// the key or table the message is about and reports its line instead.
+mod nested {
+    use std::ops::Range;
+
+    use toml::de::{DeTable, DeValue};
+    use toml::Spanned;
+
+    /// A better-placed message than the parser's, when the error is about a whole table.
+    pub(super) fn locate(text: &str, error: &toml::de::Error) -> Option<String> {
+        let span = error.span()?;
+        let root = DeTable::parse(text).ok()?;
+        // Table-level errors carry the table's span (for `[[rules.targets]]`, its header).
+        let element = table_at(root.get_ref(), &span)?;
+        let message = error.message();
+        let mut found = None;
+        visit_table(element, message, false, 0, &mut found);
+        if found.is_none() {
+            // Parsers quote part of a value (the unit of `3 fortnights`): look for it inside.
+            visit_table(element, message, true, 0, &mut found);
+        }
+        let (at, _) = found?;
+        Some(render(text, at, message))
+    }
+
+    /// The table (at any depth) whose span is `span`.
+    fn table_at<'a, 'i>(table: &'a DeTable<'i>, span: &Range<usize>) -> Option<&'a DeTable<'i>> {
+        table
+            .iter()
+            .find_map(|(_, value)| value_table_at(value, span))
+    }
+
+    fn value_table_at<'a, 'i>(
+        value: &'a Spanned<DeValue<'i>>,
+        span: &Range<usize>,
+    ) -> Option<&'a DeTable<'i>> {
+        match value.get_ref() {
+            DeValue::Table(t) if value.span() == *span => Some(t),
+            DeValue::Table(t) => table_at(t, span),
+            DeValue::Array(items) => items.iter().find_map(|i| value_table_at(i, span)),
+            _ => None,
+        }
+    }
+
+    /// The word a message is about: the first back-quoted one (`unknown field `x``, a bad
+    /// value), else the first double-quoted one (`invalid type: string "x"`).
+    fn subject(message: &str) -> Option<&str> {
+        message
+            .split('`')
+            .nth(1)
+            .or_else(|| message.split('"').nth(1))
+    }
+
+    /// A scalar's text as a message would quote it.
+    fn scalar_text<'a>(value: &'a DeValue<'_>) -> Option<&'a str> {
+        match value {
+            DeValue::String(s) => Some(s),
+            DeValue::Integer(i) => Some(i.as_str()),
+            DeValue::Float(f) => Some(f.as_str()),
+            _ => None,
+        }
+    }
+
+    /// Keeps in `found` the deepest key or value inside `table` that the message is about:
+    /// for `missing field `x``, a nested tagged table (one with `type`) that lacks `x`.
+    /// `partial`: a string value containing the word counts too.
+    fn visit_table(
+        table: &DeTable<'_>,
+        message: &str,
+        partial: bool,
+        depth: usize,
+        found: &mut Option<(Range<usize>, usize)>,
+    ) {
+        let keep = |at: Range<usize>, found: &mut Option<(Range<usize>, usize)>| {
+            if found.as_ref().is_none_or(|(_, d)| depth + 1 > *d) {
+                *found = Some((at, depth + 1));
+            }
+        };
+        let missing = message
+            .strip_prefix("missing field ")
+            .and_then(|_| subject(message));
+        let word = subject(message);
+        for (key, value) in table {
+            match (missing, value.get_ref()) {
+                (Some(field), DeValue::Table(t)) => {
+                    if t.contains_key("type") && !t.contains_key(field) {
+                        keep(key.span(), found);
+                    }
+                }
+                (Some(_), _) => {}
+                (None, v) => {
+                    if word == Some(key.get_ref().as_ref()) {
+                        keep(key.span(), found);
+                    } else if let (Some(word), Some(text)) = (word, scalar_text(v)) {
+                        if text == word || (partial && !word.is_empty() && text.contains(word)) {
+                            keep(value.span(), found);
+                        }
+                    }
+                }
+            }
+            visit_value(value, message, partial, depth + 1, found);
+        }
+    }
+
+    fn visit_value(
+        value: &Spanned<DeValue<'_>>,
+        message: &str,
+        partial: bool,
+        depth: usize,
+        found: &mut Option<(Range<usize>, usize)>,
+    ) {
+        match value.get_ref() {
+            DeValue::Table(t) => visit_table(t, message, partial, depth, found),
+            DeValue::Array(items) => {
+                for item in items.iter() {
+                    visit_value(item, message, partial, depth, found);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The parser's own layout: position, the line with a marker, the message.
+    fn render(text: &str, at: Range<usize>, message: &str) -> String {
+        let start = at.start.min(text.len());
+        let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+        let line_end = text[start..].find('\n').map_or(text.len(), |i| start + i);
+        let line_no = text[..start].matches('\n').count() + 1;
+        let column = text[line_start..start].chars().count() + 1;
+        let width = text[start..at.end.min(line_end).max(start)]
+            .chars()
+            .count()
+            .max(1);
+        let gutter = " ".repeat(line_no.to_string().len());
+        format!(
+            "TOML parse error at line {line_no}, column {column}\n{gutter} |\n{line_no} | {}\n{gutter} | {}{}\n{message}",
+            &text[line_start..line_end],
+            " ".repeat(column - 1),
+            "^".repeat(width),
+        )
+    }
+}
+
 mod defaults {
     use std::net::SocketAddr;
     use std::path::PathBuf;
@@ -359,7 +505,20 @@ mod defaults {
     }
 }
 
-/// Parses `250ms`, `30s`, `5m`, `1h`, or a bare number of seconds.
+/// The longest duration any key accepts. Deadlines are `now + duration`: far beyond this
+/// they overflow `Instant` and panic the runtime, and nothing in Sluice needs to wait longer.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+fn check_max_duration(text: &str, d: Duration) -> Result<Duration, String> {
+    if d > MAX_DURATION {
+        return Err(format!(
+            "`{text}` is too long: durations are at most 8760h (one year)"
+        ));
+    }
+    Ok(d)
+}
+
+/// Parses `250ms`, `30s`, `5m`, `1h`, or a bare number of seconds, up to [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
@@ -383,7 +542,13 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     if !seconds.is_finite() || seconds < 0.0 {
         return Err(format!("`{text}` is not a duration"));
     }
-    Ok(Duration::from_secs_f64(seconds))
+    // `from_secs_f64` panics on values past `u64::MAX` seconds; compare first.
+    if seconds > MAX_DURATION.as_secs_f64() {
+        return check_max_duration(text, Duration::MAX);
+    }
+    Duration::try_from_secs_f64(seconds)
+        .map_err(|_| format!("`{text}` is not a duration"))
+        .and_then(|d| check_max_duration(text, d))
 }
 
 pub(crate) fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
@@ -394,7 +559,8 @@ pub(crate) fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Dur
         Text(String),
     }
     match Raw::deserialize(deserializer)? {
-        Raw::Seconds(s) => Ok(Duration::from_secs(s)),
+        Raw::Seconds(s) => check_max_duration(&s.to_string(), Duration::from_secs(s))
+            .map_err(serde::de::Error::custom),
         Raw::Text(t) => parse_duration(&t).map_err(serde::de::Error::custom),
     }
 }
@@ -492,7 +658,10 @@ impl Config {
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
-            message: e.to_string().trim_end().to_string(),
+            message: nested::locate(text, &e)
+                .unwrap_or_else(|| e.to_string())
+                .trim_end()
+                .to_string(),
         })
     }
 
@@ -555,6 +724,14 @@ impl Config {
                 path: path.to_path_buf(),
                 line: find_line(text, "worker_id"),
                 message: format!("worker_id: {m}"),
+            })?;
+        }
+        self.check_durations(path, text)?;
+        if let Some(url) = &self.redis_url {
+            redis::Client::open(url.as_str()).map_err(|e| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                line: find_line(text, "redis_url"),
+                message: format!("redis_url `{}`: {e}", redact_url(url)),
             })?;
         }
         let c = &self.cluster;
@@ -724,6 +901,31 @@ impl Config {
         Ok(())
     }
 
+    /// Durations the runtime turns into timers and intervals: zero would panic
+    /// (`tokio::time::interval`) or spin, so each must be positive.
+    fn check_durations(&self, path: &Path, text: &str) -> Result<(), ConfigError> {
+        let (c, d, l) = (&self.cluster, &self.delivery, &self.limits);
+        for (table, key, value) in [
+            ("cluster", "heartbeat_interval", c.heartbeat_interval),
+            ("cluster", "rebalance_interval", c.rebalance_interval),
+            ("cluster", "poll_interval", c.poll_interval),
+            ("cluster", "redis_timeout", c.redis_timeout),
+            ("delivery", "commit_interval", d.commit_interval),
+            ("delivery", "max_backoff", d.max_backoff),
+            ("limits", "request_timeout", l.request_timeout),
+            ("limits", "idle_timeout", l.idle_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    line: key_line(text, table, key),
+                    message: format!("{table}.{key} must be greater than zero"),
+                });
+            }
+        }
+        Ok(())
+    }
+
     pub fn channels(&self) -> Channels {
         Channels {
             buses: self.buses.clone(),
@@ -755,9 +957,80 @@ pub fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A URL as it may be shown (logs, status reasons, dead-letter extensions, errors): the
+/// user info (`user:password@`) and the query string are replaced by `***`, since both
+/// commonly carry credentials. The scheme, host, port and path stay, to say which endpoint.
+/// Text that does not parse as a URL is cut the same way by hand rather than shown as it is.
+pub fn redact_url(url: &str) -> String {
+    if let Ok(mut parsed) = url::Url::parse(url) {
+        if parsed.cannot_be_a_base() {
+            return redact_by_hand(url);
+        }
+        let had_user = !parsed.username().is_empty() || parsed.password().is_some();
+        let had_query = parsed.query().is_some();
+        let had_fragment = parsed.fragment().is_some();
+        // Both setters only fail for URLs that cannot have user info (checked above).
+        let _ = parsed.set_password(None);
+        let _ = parsed.set_username(if had_user { "***" } else { "" });
+        parsed.set_query(had_query.then_some("***"));
+        parsed.set_fragment(had_fragment.then_some("***"));
+        return parsed.to_string();
+    }
+    redact_by_hand(url)
+}
+
+fn redact_by_hand(url: &str) -> String {
+    let (rest, cut) = match url.find(['?', '#']) {
+        Some(i) => (&url[..i], true),
+        None => (url, false),
+    };
+    let (scheme, after) = match rest.find("://") {
+        Some(i) => rest.split_at(i + 3),
+        None => ("", rest),
+    };
+    let authority_end = after.find('/').unwrap_or(after.len());
+    let (authority, path) = after.split_at(authority_end);
+    let authority = match authority.rfind('@') {
+        Some(at) => format!("***{}", &authority[at..]),
+        None => authority.to_string(),
+    };
+    let mut out = format!("{scheme}{authority}{path}");
+    if cut {
+        out.push_str("?***");
+    }
+    out
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     text.get(..offset)
         .map_or(1, |t| t.matches('\n').count() + 1)
+}
+
+/// The line of `key` inside the `[table]` section (or a dotted `table.key`), else of the
+/// section header, else 1.
+fn key_line(text: &str, table: &str, key: &str) -> usize {
+    let header = format!("[{table}]");
+    let dotted = format!("{table}.{key}");
+    let mut in_table = false;
+    let mut header_line = None;
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim_start();
+        if line.starts_with('[') {
+            in_table = line.starts_with(&header);
+            if in_table {
+                header_line = Some(i + 1);
+            }
+            continue;
+        }
+        let is_key = |k: &str| {
+            line.strip_prefix(k)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        };
+        if (in_table && is_key(key)) || (header_line.is_none() && is_key(&dotted)) {
+            return i + 1;
+        }
+    }
+    header_line.unwrap_or(1)
 }
 
 fn find_line(text: &str, key: &str) -> usize {
@@ -867,6 +1140,156 @@ mod tests {
         assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("1 parsec").is_err());
+    }
+
+    #[test]
+    fn urls_are_redacted_for_display() {
+        for (url, shown) in [
+            ("https://hooks.example/in", "https://hooks.example/in"),
+            (
+                "https://user:pa55@hooks.example:8443/in?token=s3cret&x=1#frag",
+                "https://***@hooks.example:8443/in?***#***",
+            ),
+            ("https://:pa55@h/x", "https://***@h/x"),
+            (
+                "redis://:pa55@127.0.0.1:6379/0",
+                "redis://***@127.0.0.1:6379/0",
+            ),
+            (
+                "rediss://default:pa55@cache.internal/",
+                "rediss://***@cache.internal/",
+            ),
+            // Not URLs: cut by hand, never shown as they are.
+            ("redis://:pa55@bad host:6379", "redis://***@bad host:6379"),
+            ("http://u:p@[::1/x?k=v", "http://***@[::1/x?***"),
+            ("no scheme?key=1", "no scheme?***"),
+        ] {
+            let redacted = redact_url(url);
+            assert_eq!(redacted, shown, "{url}");
+            assert!(!redacted.contains("pa55") && !redacted.contains("s3cret"));
+        }
+    }
+
+    #[test]
+    fn durations_that_would_panic_the_runtime_are_refused_with_key_and_line() {
+        for (text, key, line) in [
+            (
+                "[delivery]\ncommit_interval = \"0ms\"\n",
+                "delivery.commit_interval",
+                2,
+            ),
+            (
+                "[cluster]\nstrategy = \"sorted-hash\"\nrebalance_interval = 0\n",
+                "cluster.rebalance_interval",
+                3,
+            ),
+            (
+                "log = \"info\"\n[cluster]\nheartbeat_interval = \"0s\"\n",
+                "cluster.heartbeat_interval",
+                3,
+            ),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(key), "{key}: {err}");
+            assert!(err.contains(&format!("t.toml:{line}:")), "{key}: {err}");
+        }
+        for text in [
+            "[delivery]\ncommit_interval = \"9999999999999999999999999h\"\n",
+            "[delivery]\ncommit_interval = 9223372036854775807\n",
+            "[delivery]\ncommit_interval = \"8761h\"\n",
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(
+                err.contains("line 2")
+                    && err.contains("commit_interval")
+                    && err.contains("too long"),
+                "{err}"
+            );
+        }
+        assert!(parse("[delivery]\ncommit_interval = \"8760h\"\n").is_ok());
+    }
+
+    /// There is no TLS Redis here: this checks that `rediss://` is understood (the TLS
+    /// feature is built in) and that a failing TLS connection is an error, not a panic
+    /// (rustls needs a crypto provider), against the plain Redis of the test machine.
+    #[tokio::test]
+    async fn rediss_urls_connect_over_tls() {
+        assert!(parse("redis_url = \"rediss://:pw@127.0.0.1:6379/0\"\n").is_ok());
+        let redis = crate::store::redis::Redis::connect(
+            "rediss://:hunter2@127.0.0.1:6379/0",
+            "t",
+            Duration::from_secs(2),
+        )
+        .await
+        .unwrap();
+        let err = redis.ping().await.unwrap_err().to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+        assert!(!err.contains("feature"), "{err}");
+        let err = crate::store::redis::Redis::connect(
+            "redis://:hunter2@127.0.0.1:6379/nodb",
+            "t",
+            Duration::from_secs(2),
+        )
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            err.contains("***@127.0.0.1") && !err.contains("hunter2"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_bad_redis_url_is_refused_without_its_password() {
+        let err = parse("redis_url = \"redis://:hunter2@127.0.0.1:6379/notadb\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("t.toml:1:") && err.contains("redis_url"),
+            "{err}"
+        );
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn errors_inside_a_target_point_at_the_nested_key() {
+        let base = "[[buses]]\nname = \"b\"\n[[rules]]\nname = \"r\"\nbus = \"b\"\n[[rules.targets]]\ntype = \"http\"\nname = \"h\"\nurl = \"http://127.0.0.1:9/\"\n";
+        for (tail, line, word) in [
+            // The dead-letter target lacks `name`: the line of its table, not line 6.
+            (
+                "[rules.targets.dead_letter.target]\ntype = \"log\"\n",
+                10,
+                "name",
+            ),
+            (
+                "dead_letter = { target = { type = \"log\" } }\n",
+                10,
+                "name",
+            ),
+            (
+                "[rules.targets.retry]\nmax_attempts = 3\nbogus = 1\n",
+                12,
+                "bogus",
+            ),
+            (
+                "[rules.targets.retry]\nmax_event_age = \"2 fortnights\"\n",
+                11,
+                "fortnights",
+            ),
+            ("mode = \"sideways\"\n", 10, "sideways"),
+        ] {
+            let err = parse(&format!("{base}{tail}")).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("line {line},")) && err.contains(word),
+                "{tail}: {err}"
+            );
+        }
+        // A target missing `name` itself is an error of its own table.
+        let err = parse(&base.replace("name = \"h\"\n", ""))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 6,") && err.contains("name"), "{err}");
     }
 
     #[test]

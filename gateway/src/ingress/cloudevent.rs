@@ -383,6 +383,7 @@ pub fn from_json_object(mut map: Map<String, Value>) -> Result<Event, EventError
         match (name.as_str(), value) {
             (_, Value::Null) => {}
             ("datacontenttype", Value::String(v)) => {
+                check_text("datacontenttype", &v)?;
                 check_media_type("datacontenttype", &v)?;
                 content_type = Some(v);
             }
@@ -393,6 +394,7 @@ pub fn from_json_object(mut map: Map<String, Value>) -> Result<Event, EventError
                 return Err(EventError::invalid(name, "must be a string"))
             }
             (_, Value::String(v)) => {
+                check_text(&name, &v)?;
                 event.set_extension(&name, ExtensionValue::String(v));
             }
             (_, Value::Bool(v)) => {
@@ -464,6 +466,7 @@ fn set_string_attribute(
     field: &str,
     value: String,
 ) -> Result<(), EventError> {
+    check_text(field, &value)?;
     match attr {
         "id" | "type" | "subject" if value.is_empty() => {
             return Err(EventError::invalid(field, "must be a non-empty string"))
@@ -501,6 +504,19 @@ fn set_string_attribute(
         }
     }
     Ok(())
+}
+
+/// CloudEvents strings exclude the control characters U+0000–U+001F and U+007F–U+009F
+/// (spec, "Type System"): they cannot travel in HTTP headers or message properties, where
+/// targets put the attributes.
+fn check_text(field: &str, value: &str) -> Result<(), EventError> {
+    match value.chars().find(|c| c.is_control()) {
+        None => Ok(()),
+        Some(c) => Err(EventError::invalid(
+            field,
+            format!("contains the control character {c:?}, which CloudEvents strings may not"),
+        )),
+    }
 }
 
 /// `source` is a non-empty URI-reference (RFC 3986): no spaces or control characters.
@@ -574,6 +590,21 @@ pub fn encode(event: &Event) -> Result<Vec<u8>, serde_json::Error> {
 /// Reads back the stored form.
 pub fn decode(bytes: &[u8]) -> Result<Event, serde_json::Error> {
     serde_json::from_slice(bytes)
+}
+
+/// Refuses a stored form that delivery could not read back (`decode` is what the delivery
+/// path runs). The parsers check each attribute, but the data is where they and the decoder
+/// can differ: a lone surrogate escape (`"\ud800"`), invalid UTF-8 or a number out of range
+/// inside a JSON body, nesting past the decoder's depth limit once the body sits inside the
+/// event, non-string data with a non-JSON content type. Accepting such an event would stop
+/// its shard's subscriptions for good, so it is a `400` here instead.
+pub fn check_stored(stored: &[u8]) -> Result<(), EventError> {
+    decode(stored).map(drop).map_err(|e| {
+        EventError::invalid(
+            "data",
+            format!("the event would not read back as a CloudEvent for delivery: {e}"),
+        )
+    })
 }
 
 /// The key that decides an event's shard: the `partitionkey` extension, else the id.

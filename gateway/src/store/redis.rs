@@ -52,9 +52,15 @@ pub struct Redis {
 }
 
 impl Redis {
+    /// `url` is `redis://` or, for TLS, `rediss://` (certificates checked against the
+    /// platform's roots). Errors show the URL without its password.
     pub async fn connect(url: &str, prefix: &str, timeout: Duration) -> Result<Redis, StoreError> {
-        let client = redis::Client::open(url)
-            .map_err(|e| StoreError::Unavailable(format!("redis url `{url}`: {e}")))?;
+        let client = redis::Client::open(url).map_err(|e| {
+            StoreError::Unavailable(format!(
+                "redis url `{}`: {e}",
+                crate::config::redact_url(url)
+            ))
+        })?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(timeout))
             .set_connection_timeout(Some(timeout))

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::http::{self as http_target, BodyMode};
 use super::{append_to_bus, stored, Envelope, Resources, Target, TargetError};
-use crate::config::{DeadLetterConfig, RetryConfig};
+use crate::config::{redact_url, DeadLetterConfig, RetryConfig};
 use crate::ingress::cloudevent::{self, ContentMode};
 use crate::store::BusLog;
 
@@ -56,7 +56,7 @@ mod defaults {
 
 impl FunctionConfig {
     pub fn check(&self) -> Result<(), String> {
-        url::Url::parse(&self.url).map_err(|e| format!("url `{}`: {e}", self.url))?;
+        url::Url::parse(&self.url).map_err(|e| format!("url `{}`: {e}", redact_url(&self.url)))?;
         if self.max_hops < 1 {
             return Err("`max_hops` must be at least 1".to_string());
         }
@@ -66,6 +66,8 @@ impl FunctionConfig {
 
 pub struct FunctionTarget {
     config: FunctionConfig,
+    /// The URL as logs, errors and dead letters show it.
+    shown_url: String,
     client: reqwest::Client,
     reply: Arc<dyn BusLog>,
 }
@@ -80,6 +82,7 @@ impl FunctionTarget {
             TargetError::fatal(format!("reply_bus `{}` is not defined", config.reply_bus))
         })?;
         Ok(FunctionTarget {
+            shown_url: redact_url(&config.url),
             config: config.clone(),
             client: http_target::client(config.timeout, Duration::from_secs(3), false, None)?,
             reply: reply.clone(),
@@ -94,20 +97,23 @@ impl FunctionTarget {
             _ => 0,
         };
         let request = http_target::encode(envelope, BodyMode::Binary)?;
-        let url = &self.config.url;
+        let url = &self.shown_url;
         let response = self
             .client
-            .post(url)
+            .post(&self.config.url)
             .headers(request.headers)
             .body(request.body)
             .send()
             .await
-            .map_err(|e| http_target::send_error(url, &e))?;
+            .map_err(|e| http_target::send_error(url, e))?;
         let status = response.status();
         let headers = response.headers().clone();
         http_target::status_result(status, &headers, url)?;
         let body = response.bytes().await.map_err(|e| {
-            TargetError::retryable(format!("{url}: reading the answer failed: {e}"))
+            TargetError::retryable(format!(
+                "{url}: reading the answer failed: {}",
+                e.without_url()
+            ))
         })?;
         if body.is_empty() && !headers.contains_key("ce-specversion") {
             return Ok(());
@@ -152,6 +158,6 @@ impl Target for FunctionTarget {
     }
 
     fn describe(&self) -> String {
-        format!("function {}", self.config.url)
+        format!("function {}", self.shown_url)
     }
 }

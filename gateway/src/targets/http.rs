@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
 use super::{attributes, data_bytes, secret, Envelope, Target, TargetError};
-use crate::config::{DeadLetterConfig, RetryConfig};
+use crate::config::{redact_url, DeadLetterConfig, RetryConfig};
 use crate::runtime::delivery::{CircuitBreaker, RateLimiter};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -134,9 +134,10 @@ mod defaults {
 
 impl HttpConfig {
     pub fn check(&self) -> Result<(), String> {
-        let url = url::Url::parse(&self.url).map_err(|e| format!("url `{}`: {e}", self.url))?;
+        let shown = redact_url(&self.url);
+        let url = url::Url::parse(&self.url).map_err(|e| format!("url `{shown}`: {e}"))?;
         if !matches!(url.scheme(), "http" | "https") {
-            return Err(format!("url `{}` must be http or https", self.url));
+            return Err(format!("url `{shown}` must be http or https"));
         }
         for (name, value) in &self.headers {
             HeaderName::from_bytes(name.as_bytes())
@@ -279,7 +280,12 @@ pub(crate) fn retryable_status(status: u16) -> bool {
     status == 408 || status == 429 || status >= 500
 }
 
-/// Turns a response status into the delivery result.
+/// Turns a response status into the delivery result. `url` is the target's redacted URL.
+///
+/// Redirects are not followed (see `client`): a 3xx is a failed delivery that names its
+/// `Location`, and it is not retried, since the same request would be redirected again.
+/// With a dead-letter destination the event goes there; the fix is to configure the final
+/// URL.
 pub(crate) fn status_result(
     status: reqwest::StatusCode,
     headers: &HeaderMap,
@@ -289,8 +295,21 @@ pub(crate) fn status_result(
         return Ok(());
     }
     let code = status.as_u16();
+    let message = if status.is_redirection() {
+        let location = headers
+            .get(reqwest::header::LOCATION)
+            .map(|v| redact_url(&String::from_utf8_lossy(v.as_bytes())));
+        match location {
+            Some(location) => format!(
+                "{url} answered {status} with Location {location}; redirects are not followed: set the target's url to the final address"
+            ),
+            None => format!("{url} answered {status}; redirects are not followed"),
+        }
+    } else {
+        format!("{url} answered {status}")
+    };
     Err(TargetError {
-        message: format!("{url} answered {status}"),
+        message,
         retryable: retryable_status(code),
         status: Some(code),
         retry_after: if code == 429 || code == 503 {
@@ -308,6 +327,9 @@ pub(crate) fn client(
     ca_file: Option<&std::path::Path>,
 ) -> Result<reqwest::Client, TargetError> {
     let mut builder = reqwest::Client::builder()
+        // A followed 301/302 turns the POST into a GET that would count as delivered, and a
+        // redirect to another host would carry the auth headers and the signature there.
+        .redirect(reqwest::redirect::Policy::none())
         .timeout(timeout)
         .connect_timeout(connect_timeout)
         .pool_idle_timeout(Duration::from_secs(60))
@@ -338,7 +360,10 @@ pub(crate) fn client(
         .map_err(|e| TargetError::fatal(format!("cannot build the HTTP client: {e}")))
 }
 
-pub(crate) fn send_error(url: &str, e: &reqwest::Error) -> TargetError {
+/// A failed request as a delivery error. `url` is the target's redacted URL; reqwest's
+/// own copy of the URL (with its credentials and query) is taken out of the message.
+pub(crate) fn send_error(url: &str, e: reqwest::Error) -> TargetError {
+    let e = e.without_url();
     let what = if e.is_timeout() {
         "timed out"
     } else if e.is_connect() {
@@ -348,7 +373,7 @@ pub(crate) fn send_error(url: &str, e: &reqwest::Error) -> TargetError {
     };
     // reqwest's own message hides the cause (refused, TLS, DNS): name the whole chain.
     let mut message = format!("{url}: {what}: {e}");
-    let mut source = std::error::Error::source(e);
+    let mut source = std::error::Error::source(&e);
     while let Some(cause) = source {
         message.push_str(": ");
         message.push_str(&cause.to_string());
@@ -369,6 +394,8 @@ impl TargetError {
 
 pub struct HttpTarget {
     config: HttpConfig,
+    /// The URL as logs, errors and dead letters show it.
+    shown_url: String,
     client: reqwest::Client,
     headers: HeaderMap,
     signing_key: Option<Vec<u8>>,
@@ -436,6 +463,7 @@ impl HttpTarget {
                 .circuit_breaker
                 .as_ref()
                 .map(|b| CircuitBreaker::new(b.failures, b.open_for)),
+            shown_url: redact_url(&config.url),
             config: config.clone(),
         })
     }
@@ -445,9 +473,13 @@ impl HttpTarget {
         if let Some(limiter) = &self.limiter {
             limiter.acquire().await;
         }
-        if let Some(breaker) = &self.breaker {
-            breaker.admit()?;
-        }
+        // Held until the result is recorded: dropped early (cancelled, an early return) it
+        // gives a half-open probe slot back.
+        let permit = self
+            .breaker
+            .as_ref()
+            .map(CircuitBreaker::admit)
+            .transpose()?;
         let _permit = self
             .in_flight
             .acquire()
@@ -456,10 +488,13 @@ impl HttpTarget {
         let mut headers = self.headers.clone();
         headers.extend(request.headers);
         if let Some(key) = &self.signing_key {
+            // The id as a header can carry (any CloudEvents id may not); the signature covers
+            // the header's value, so receivers verify what they read.
+            let webhook_id = header_text(&request.id);
             let timestamp = chrono::Utc::now().timestamp();
-            let signature = sign(key, &request.id, timestamp, &request.body);
+            let signature = sign(key, &webhook_id, timestamp, &request.body);
             for (name, value) in [
-                ("webhook-id", request.id.clone()),
+                ("webhook-id", webhook_id),
                 ("webhook-timestamp", timestamp.to_string()),
                 ("webhook-signature", signature),
             ] {
@@ -477,15 +512,15 @@ impl HttpTarget {
             .send()
             .await
         {
-            Ok(response) => status_result(response.status(), response.headers(), &self.config.url),
-            Err(e) => Err(send_error(&self.config.url, &e)),
+            Ok(response) => status_result(response.status(), response.headers(), &self.shown_url),
+            Err(e) => Err(send_error(&self.shown_url, e)),
         };
-        if let Some(breaker) = &self.breaker {
+        if let Some(permit) = permit {
             let healthy = match &result {
                 Ok(()) => true,
                 Err(e) => !(e.retryable && e.status.is_none_or(retryable_status)),
             };
-            breaker.record(healthy);
+            permit.record(healthy);
         }
         result
     }
@@ -516,6 +551,6 @@ impl Target for HttpTarget {
     }
 
     fn describe(&self) -> String {
-        format!("http {}", self.config.url)
+        format!("http {}", self.shown_url)
     }
 }

@@ -191,6 +191,9 @@ pub fn secret(value: &str) -> Result<String, TargetError> {
 pub fn stored(event: &Event, shards: u32) -> Result<(u32, Bytes), TargetError> {
     let raw = cloudevent::encode(event)
         .map_err(|e| TargetError::fatal(format!("cannot encode event: {e}")))?;
+    // A function's reply goes onto a bus: held to what ingress accepts, or it would stall
+    // that bus's subscriptions.
+    cloudevent::check_stored(&raw).map_err(|e| TargetError::fatal(e.to_string()))?;
     let shard = crate::ingress::shard_of(&cloudevent::partition_key(event), shards);
     Ok((shard, Bytes::from(raw)))
 }

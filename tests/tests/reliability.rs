@@ -1,0 +1,403 @@
+//! Reliability defects of issue 10, each reproduced against the real binary: events that
+//! would stall a shard are refused at ingress, redirects are failed deliveries, probes
+//! answer under load, secrets stay out of what is shown, and configuration values that
+//! would panic the runtime or point at the wrong line are refused precisely.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sluice_tests::receiver::{Receiver, Reply};
+use sluice_tests::{post, read_jsonl, sluice_bin, wait_jsonl, Sluice, SluiceBuilder};
+use tokio::io::AsyncWriteExt;
+
+/// One rule on bus `default` sending every event to an HTTP target; `extra` goes into the
+/// target's table (and may open sub-tables after it).
+fn http_rule(name: &str, url: &str, extra: &str) -> String {
+    format!(
+        r#"
+[[rules]]
+name = "{name}"
+bus = "default"
+
+[[rules.targets]]
+type = "http"
+name = "{name}"
+url = "{url}"
+timeout = "2s"
+{extra}
+"#
+    )
+}
+
+fn with_http_target(name: &str, url: &str, extra: &str) -> SluiceBuilder {
+    Sluice::builder().extra(&http_rule(name, url, extra))
+}
+
+/// A binary-mode request with raw header values and body (bytes, so invalid UTF-8 can go).
+fn binary_raw(
+    client: &reqwest::Client,
+    url: &str,
+    headers: &[(&str, &str)],
+    content_type: &str,
+    body: Vec<u8>,
+) -> reqwest::RequestBuilder {
+    let mut request = client
+        .post(url)
+        .header("ce-specversion", "1.0")
+        .header("ce-source", "/tests")
+        .header("ce-type", "com.example.test")
+        .header("content-type", content_type);
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    request.body(body)
+}
+
+fn nested(depth: usize) -> Vec<u8> {
+    let mut body = "[".repeat(depth);
+    body.push_str(&"]".repeat(depth));
+    body.into_bytes()
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 1: whatever a producer sends is refused with a 4xx or can be delivered.
+
+#[tokio::test]
+async fn hostile_events_are_refused_and_never_stall_the_shard() {
+    let receiver = Receiver::start().await;
+    // One shard and no dead-letter destination: an accepted event that cannot be delivered
+    // would hold back every event after it.
+    let sluice = with_http_target("hook", &receiver.url("/hook"), "")
+        .shards(1)
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    let url = sluice.events_url();
+    let json = "application/json";
+    let hostile: Vec<(&str, reqwest::RequestBuilder, &str)> = vec![
+        (
+            "lone surrogate",
+            binary_raw(&client, &url, &[("ce-id", "h-1")], json, br#""\ud800""#.to_vec()),
+            "data",
+        ),
+        (
+            "invalid UTF-8 in a JSON string",
+            binary_raw(&client, &url, &[("ce-id", "h-2")], json, b"\"\xff\xfe\"".to_vec()),
+            "data",
+        ),
+        (
+            "nesting past the decoder's limit",
+            binary_raw(&client, &url, &[("ce-id", "h-3")], json, nested(128)),
+            "data",
+        ),
+        (
+            "a number out of range",
+            binary_raw(&client, &url, &[("ce-id", "h-4")], json, b"1e400".to_vec()),
+            "data",
+        ),
+        (
+            "a newline in the id",
+            binary_raw(&client, &url, &[("ce-id", "h%0A5")], json, b"{}".to_vec()),
+            "ce-id",
+        ),
+        (
+            "text data that is an object",
+            client
+                .post(&url)
+                .header("content-type", "application/cloudevents+json")
+                .body(
+                    r#"{"specversion":"1.0","id":"h-6","source":"/t","type":"t","datacontenttype":"text/plain","data":{"a":1}}"#,
+                ),
+            "data",
+        ),
+    ];
+    let mut answers = Vec::new();
+    for (what, request, field) in hostile {
+        let r = request.send().await.unwrap();
+        let status = r.status().as_u16();
+        let content_type = r
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string());
+        let body: Value = r.json().await.unwrap_or(Value::Null);
+        answers.push((what, status, content_type, body, field));
+    }
+    // An id that needs percent-encoding in a header is fine: it is encoded at delivery.
+    // (Binary mode: the producer percent-encodes it; delivery encodes it the same way.)
+    post(&client, &url, "caf%C3%A9%20%22quoted%22%20100%25", "{}").await;
+    post(&client, &url, "good-after", r#"{"n":1}"#).await;
+    let got = receiver
+        .wait_for(Duration::from_secs(15), |r| {
+            r.iter().any(|r| r.header("ce-id") == Some("good-after"))
+        })
+        .await;
+    assert_eq!(
+        got.iter()
+            .filter_map(|r| r.header("ce-id"))
+            .collect::<Vec<_>>(),
+        vec!["caf%C3%A9%20%22quoted%22%20100%25", "good-after"],
+        "only the two good events reach the target, in order"
+    );
+    for (what, status, content_type, body, field) in answers {
+        assert_eq!(status, 400, "{what}: {body}");
+        assert_eq!(
+            content_type.as_deref(),
+            Some("application/problem+json"),
+            "{what}"
+        );
+        assert_eq!(body["field"], field, "{what}: {body}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 7: redirects are failed deliveries, never followed.
+
+#[tokio::test]
+async fn redirects_are_not_followed_and_dead_letter_with_their_location() {
+    let receiver = Receiver::start().await;
+    let elsewhere = Receiver::start().await;
+    // Another host name for the same loopback: a followed redirect would cross hosts.
+    let location = elsewhere
+        .url("/stolen?key=k3y")
+        .replace("127.0.0.1", "localhost");
+    let sluice = with_http_target(
+        "hook",
+        &receiver.url("/hook"),
+        "signing_secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\nauth = { type = \"api-key\", header = \"x-api-key\", key = \"s3cret\" }\n[rules.targets.dead_letter.target]\ntype = \"file\"\nname = \"dead\"\npath = \"{data_dir}/dead.jsonl\"",
+    )
+    .start()
+    .await;
+    let client = reqwest::Client::new();
+    let dead_path = sluice.data_dir().join("dead.jsonl");
+    let statuses = [301u16, 302, 307, 308];
+    for (i, status) in statuses.iter().enumerate() {
+        receiver.default_reply(Reply::Full(
+            *status,
+            vec![("location".to_string(), location.clone())],
+            vec![],
+        ));
+        post(&client, &sluice.events_url(), &format!("r-{status}"), "{}").await;
+        wait_jsonl(&dead_path, Duration::from_secs(10), |e| e.len() > i).await;
+    }
+    let dead = read_jsonl(&dead_path);
+    for (letter, status) in dead.iter().zip(statuses) {
+        assert_eq!(letter["id"], format!("r-{status}"));
+        assert_eq!(letter["deadletterstatus"], status.to_string(), "{letter}");
+        assert_eq!(letter["deadletterattempts"], 1, "not retried: {letter}");
+        let reason = letter["deadletterreason"].as_str().unwrap();
+        assert!(
+            reason.contains("Location") && reason.contains("/stolen?***"),
+            "{reason}"
+        );
+        assert!(!reason.contains("k3y"), "{reason}");
+    }
+    let got = receiver.received();
+    assert_eq!(got.len(), 4, "one POST per event");
+    assert!(got.iter().all(|r| r.method == "POST"));
+    assert!(
+        elsewhere.received().is_empty(),
+        "nothing reached the redirect's host: {:?}",
+        elsewhere.received()
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 10: probes bypass the load shedder.
+
+/// Opens a request that holds a concurrency slot: the head and part of the body, then
+/// nothing (the rest would come later).
+async fn slow_request(sluice: &Sluice) -> tokio::net::TcpStream {
+    let mut stream = tokio::net::TcpStream::connect(sluice.addr()).await.unwrap();
+    let head = "POST /buses/default/events HTTP/1.1\r\nhost: x\r\nce-specversion: 1.0\r\nce-id: slow\r\nce-source: /t\r\nce-type: t\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream
+}
+
+#[tokio::test]
+async fn probes_answer_while_the_request_limit_is_saturated() {
+    let sluice = Sluice::builder()
+        .limits("max_concurrent_requests = 2\nrequest_timeout = \"60s\"")
+        .start()
+        .await;
+    let _slow = [slow_request(&sluice).await, slow_request(&sluice).await];
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    // Saturated once a new event is shed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = sluice_tests::binary(&client, &sluice.events_url(), "shed", "{}")
+            .send()
+            .await
+            .unwrap();
+        if r.status().as_u16() == 503 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never saturated: {}", r.status());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The limit is one for the whole API, not one per route.
+    let r = client
+        .get(sluice.url("/admin/cluster"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503, "other routes are shed too");
+    for probe in ["/healthz", "/readyz"] {
+        let r = client.get(sluice.url(probe)).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{probe} under load");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 11: credentials and query strings of target URLs are never shown.
+
+#[tokio::test]
+async fn target_url_secrets_stay_out_of_logs_status_and_dead_letters() {
+    let receiver = Receiver::start().await;
+    receiver.default_reply(Reply::Status(400));
+    let refused = receiver
+        .url("/hook?token=t0k3n")
+        .replace("http://", "http://user:pa55w0rd@");
+    let closed_port = sluice_tests::free_port();
+    let unreachable = format!("http://user:pa55w0rd@127.0.0.1:{closed_port}/hook?token=t0k3n");
+    let dead = "[rules.targets.retry]\nmax_attempts = 1\n[rules.targets.dead_letter.target]\ntype = \"file\"\nname = \"dead\"\npath = \"{data_dir}/dead.jsonl\"";
+    let mut extra = http_rule("refused", &refused, dead);
+    extra.push_str(&http_rule("unreachable", &unreachable, dead));
+    let sluice = Sluice::builder().extra(&extra).start().await;
+    post(&reqwest::Client::new(), &sluice.events_url(), "s-1", "{}").await;
+    let dead_path = sluice.data_dir().join("dead.jsonl");
+    let letters = wait_jsonl(&dead_path, Duration::from_secs(15), |e| e.len() >= 2).await;
+    let status = sluice.cluster_view().await;
+    let shown = format!(
+        "{}\n{}\n{status}",
+        std::fs::read_to_string(&dead_path).unwrap(),
+        sluice.log()
+    );
+    assert!(
+        letters
+            .iter()
+            .any(|l| l["deadlettertarget"].as_str().unwrap().contains("***@")),
+        "{letters:?}"
+    );
+    for secret in ["pa55w0rd", "t0k3n"] {
+        assert!(!shown.contains(secret), "`{secret}` is shown:\n{shown}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Items 12 and 14: configuration checks.
+
+fn check_config(text: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, text).unwrap();
+    let out = Command::new(sluice_bin())
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout),
+    )
+}
+
+#[test]
+fn durations_that_would_panic_the_runtime_are_refused_by_check_config() {
+    for (text, key, line) in [
+        (
+            "[delivery]\nbatch_size = 10\ncommit_interval = \"0ms\"\n",
+            "delivery.commit_interval",
+            "c.toml:3:",
+        ),
+        (
+            "[cluster]\nrebalance_interval = 0\n",
+            "cluster.rebalance_interval",
+            "c.toml:2:",
+        ),
+        (
+            "[cluster]\nheartbeat_interval = \"0s\"\n",
+            "cluster.heartbeat_interval",
+            "c.toml:2:",
+        ),
+        (
+            "[cluster]\nheartbeat_interval = \"99999999999999999999999h\"\n",
+            "heartbeat_interval",
+            "line 2",
+        ),
+        (
+            "[delivery]\ncommit_interval = 9223372036854775807\n",
+            "commit_interval",
+            "line 2",
+        ),
+    ] {
+        let (ok, out) = check_config(text);
+        assert!(!ok, "{text} was accepted");
+        assert!(out.contains(key) && out.contains(line), "{key}: {out}");
+        assert!(!out.contains("panicked"), "{out}");
+    }
+}
+
+#[test]
+fn a_bad_redis_url_is_reported_without_its_password() {
+    let (ok, out) = check_config(
+        "mode = \"distributed\"\nredis_url = \"redis://:hunter2@127.0.0.1:6379/nodb\"\n",
+    );
+    assert!(!ok);
+    assert!(
+        out.contains("c.toml:2:") && out.contains("redis_url"),
+        "{out}"
+    );
+    assert!(!out.contains("hunter2"), "{out}");
+}
+
+const NESTED_TARGET: &str = r#"[[buses]]
+name = "b"
+
+[[rules]]
+name = "r"
+bus = "b"
+
+[[rules.targets]]
+type = "http"
+name = "h"
+url = "http://127.0.0.1:9/hook"
+
+[rules.targets.dead_letter.target]
+type = "file"
+path = "dead.jsonl"
+"#;
+
+#[test]
+fn errors_in_nested_tables_point_at_the_nested_key() {
+    // The dead-letter target has no `name`: line 13 opens that table, not line 8.
+    let (ok, out) = check_config(NESTED_TARGET);
+    assert!(!ok);
+    assert!(
+        out.contains("line 13") && out.contains("name"),
+        "points at the dead-letter target: {out}"
+    );
+    // An unknown key inside it: its own line.
+    let text = NESTED_TARGET.replace(
+        "path = \"dead.jsonl\"",
+        "name = \"d\"\npath = \"x\"\nbogus = 1",
+    );
+    let (ok, out) = check_config(&text);
+    assert!(!ok);
+    assert!(out.contains("line 17") && out.contains("bogus"), "{out}");
+    // A bad value in an inline table of a target.
+    let text = NESTED_TARGET.replace(
+        "url = \"http://127.0.0.1:9/hook\"",
+        "url = \"http://127.0.0.1:9/hook\"\ncircuit_breaker = { failures = 2, open_for = \"3 fortnights\" }",
+    );
+    let (ok, out) = check_config(&text);
+    assert!(!ok);
+    assert!(
+        out.contains("line 12") && out.contains("fortnights"),
+        "{out}"
+    );
+}
