@@ -27,8 +27,10 @@ run: build
 build:
 	$(CARGO) build -p sluice-gateway
 
+# The binary is built for the same package set as nextest builds, so the dependencies are
+# compiled once, with one feature set.
 test: tools venv redis rocketmq
-	$(CARGO) build -p sluice-gateway
+	$(CARGO) build --workspace --bins
 	$(CARGO) nextest run --workspace --no-fail-fast
 
 lint:

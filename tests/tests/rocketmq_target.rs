@@ -409,13 +409,17 @@ async fn every_accepted_event_becomes_a_message_the_broker_takes() {
     let url = sluice.events_url();
 
     // Binary mode, percent-encoded header: the value holds \u{2}_SYS_MSG_PRIORITY_\u{1}7.
+    // CloudEvents forbids control characters in attributes, so ingress refuses it (the
+    // target's own encoding of them is covered by its unit tests, for values a transform
+    // makes).
     let r = sluice_tests::binary(&client, &url, "forged", r#"{"key":"p"}"#)
         .header("ce-partitionkey", "p")
         .header("ce-evil", "x%02_SYS_MSG_PRIORITY_%017")
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status().as_u16(), 202);
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(r.text().await.unwrap().contains("evil"));
     // No data at all.
     let r = client
         .post(&url)
@@ -440,7 +444,7 @@ async fn every_accepted_event_becomes_a_message_the_broker_takes() {
     post_batch(&client, &url, vec![plain]).await;
 
     let stored = mq.read_queues(topic, 4).await;
-    assert_eq!(stored.len(), 4, "{stored:?}");
+    assert_eq!(stored.len(), 3, "{stored:?}");
     let by_id: HashMap<String, &Received> = stored
         .iter()
         .map(|m| {
@@ -458,14 +462,7 @@ async fn every_accepted_event_becomes_a_message_the_broker_takes() {
         .iter()
         .map(|m| m.property("CE_id").or(m.keys.as_deref()).unwrap())
         .collect();
-    assert_eq!(order, ["forged", "empty", "big", "plain"]);
-
-    let forged = by_id["forged"];
-    assert_eq!(
-        forged.property("CE_evil"),
-        Some("x%02_SYS_MSG_PRIORITY_%017")
-    );
-    assert!(forged.property("_SYS_MSG_PRIORITY_").is_none());
+    assert_eq!(order, ["empty", "big", "plain"]);
 
     let empty = by_id["empty"];
     assert_eq!(empty.body, b"\0");
