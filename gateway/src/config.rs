@@ -639,6 +639,9 @@ pub const ENV_KEYS: &[&str] = &[
     "log_format",
     "mode",
     "durability",
+    "redis_url",
+    "redis_prefix",
+    "worker_id",
 ];
 
 impl Config {
@@ -1121,9 +1124,116 @@ mod tests {
         let c = parse(text).unwrap();
         let stored = c.channels().to_toml().unwrap();
         let back = Channels::from_toml(&stored).unwrap();
-        assert_eq!(back.to_toml().unwrap(), stored);
         assert_eq!(back.buses[0].shards, 2);
         assert_eq!(back.rules[0].targets[0].name(), "f");
+    }
+
+    /// Replicas run the TOML stored in Redis, not their file: every setting of every kind of
+    /// resource must come back from it with the value the file gave (compared as the values
+    /// the file parsed to, not as one serialisation against another).
+    #[test]
+    fn every_setting_survives_the_stored_toml() {
+        let text = r#"
+[[buses]]
+name = "orders"
+shards = 3
+
+[[rules]]
+name = "big"
+bus = "orders"
+filter = "type = 'order.created' AND EXISTS amount"
+
+[[rules.targets]]
+type = "http"
+name = "hook"
+url = "https://example.com/hooks?a=1"
+transform = [{ form = "SET_ATTRIBUTES", attributes = { team = "billing" } }, { form = "JSONPATH", value = "$.data" }]
+mode = "structured"
+timeout = "7s"
+headers = { x-team = "billing" }
+rate_limit = 12.5
+max_in_flight = 3
+concurrent = true
+circuit_breaker = { failures = 4, open_for = "45s" }
+auth = { type = "bearer", token = "t0ken" }
+[rules.targets.retry]
+max_attempts = 9
+max_event_age = "90s"
+initial_backoff = "15ms"
+max_backoff = "2m"
+[rules.targets.dead_letter]
+bus = "dead"
+
+[[rules.targets]]
+type = "rocketmq"
+name = "mq"
+name_server = "127.0.0.1:9876"
+topic = "orders"
+tag = "big"
+max_batch = 17
+[rules.targets.dead_letter.target]
+type = "file"
+name = "dead-file"
+path = "{data_dir}/dead.jsonl"
+
+[[rules.targets]]
+type = "redis-stream"
+name = "stream"
+url = "redis://127.0.0.1:6379/2"
+stream = "s"
+maxlen = 321
+
+[[rules]]
+name = "all"
+bus = "orders"
+pattern = { source = [{ prefix = "/shop" }], data = { total = [{ numeric = [">", 5] }] } }
+
+[[rules.targets]]
+type = "bus"
+name = "copy"
+bus = "dead"
+
+[[buses]]
+name = "dead"
+shards = 1
+
+[[sources]]
+type = "rocketmq"
+name = "mq-in"
+name_server = "127.0.0.1:9876"
+topic = "legacy"
+bus = "orders"
+wrap_type = "com.example.legacy"
+tasks = 2
+"#;
+        let c = parse(text).unwrap();
+        let original = serde_json::to_value(c.channels()).unwrap();
+        let stored = c.channels().to_toml().unwrap();
+        let back = Channels::from_toml(&stored).unwrap();
+        assert_eq!(serde_json::to_value(&back).unwrap(), original, "{stored}");
+        // And the values are the file's, not defaults that happen to agree.
+        let hook = &original["rules"][0]["targets"][0];
+        for (pointer, want) in [
+            ("/timeout", serde_json::json!("7000ms")),
+            ("/rate_limit", serde_json::json!(12.5)),
+            ("/max_in_flight", serde_json::json!(3)),
+            ("/concurrent", serde_json::json!(true)),
+            ("/retry/max_attempts", serde_json::json!(9)),
+            ("/retry/max_event_age", serde_json::json!("90000ms")),
+            ("/retry/initial_backoff", serde_json::json!("15ms")),
+            ("/dead_letter/bus", serde_json::json!("dead")),
+            ("/headers/x-team", serde_json::json!("billing")),
+        ] {
+            assert_eq!(hook.pointer(pointer), Some(&want), "{pointer} in {hook}");
+        }
+        assert_eq!(
+            original.pointer("/rules/0/targets/2/maxlen"),
+            Some(&serde_json::json!(321))
+        );
+        assert_eq!(
+            original.pointer("/sources/0/tasks"),
+            Some(&serde_json::json!(2))
+        );
     }
 
     #[test]

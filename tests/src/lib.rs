@@ -121,6 +121,10 @@ durability = "{durability}"
 strategy = "{strategy}"
 redis_timeout = "500ms"
 poll_interval = "1s"
+# Longer than the defaults (1.5 s): tests share two cores, and a starved heartbeat must
+# not look like a dead replica.
+member_ttl = "3s"
+lease_ttl = "3s"
 
 [limits]
 {limits}
@@ -157,6 +161,7 @@ shards = {shards}
             data_dir,
             env: self.env,
             starts: 0,
+            started: false,
         };
         sluice.spawn().await;
         sluice
@@ -171,6 +176,8 @@ pub struct Sluice {
     data_dir: PathBuf,
     env: Vec<(String, String)>,
     starts: u32,
+    /// Whether it was ever ready (a restart must keep its port).
+    started: bool,
 }
 
 impl Sluice {
@@ -221,27 +228,39 @@ impl Sluice {
     }
 
     async fn spawn(&mut self) {
-        self.starts += 1;
-        let stderr = fs::File::create(self.log_path()).expect("log file");
-        let child = Command::new(sluice_bin())
-            .arg("serve")
-            .arg("--config")
-            .arg(&self.config)
-            .arg("--listen")
-            .arg(self.addr().to_string())
-            .arg("--data-dir")
-            .arg(&self.data_dir)
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("start sluice");
-        self.child = Some(child);
-        self.wait_ready(Duration::from_secs(30)).await;
+        loop {
+            self.starts += 1;
+            let stderr = fs::File::create(self.log_path()).expect("log file");
+            let child = Command::new(sluice_bin())
+                .arg("serve")
+                .arg("--config")
+                .arg(&self.config)
+                .arg("--listen")
+                .arg(self.addr().to_string())
+                .arg("--data-dir")
+                .arg(&self.data_dir)
+                .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .expect("start sluice");
+            self.child = Some(child);
+            if self.wait_ready(Duration::from_secs(30)).await {
+                self.started = true;
+                return;
+            }
+            // The free port was taken by another test between our check and the bind; a
+            // first start may move (a restart keeps its port: clients know it).
+            assert!(!self.started, "port {} taken on restart", self.port);
+            self.port = free_port();
+        }
     }
 
-    async fn wait_ready(&mut self, limit: Duration) {
+    /// Waits for *this* process to be ready (its own log says so, and `/readyz` answers):
+    /// another process on the same port cannot pass for it. `false` when it could not
+    /// bind its port.
+    async fn wait_ready(&mut self, limit: Duration) -> bool {
         let client = reqwest::Client::new();
         let deadline = Instant::now() + limit;
         loop {
@@ -250,11 +269,18 @@ impl Sluice {
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
-                panic!("sluice exited during start ({status}):\n{}", self.log());
+                self.child = None;
+                let log = self.log();
+                if log.contains("in use") && log.contains("listen") {
+                    return false;
+                }
+                panic!("sluice exited during start ({status}):\n{log}");
             }
-            if let Ok(r) = client.get(self.url("/readyz")).send().await {
-                if r.status().is_success() {
-                    return;
+            if self.log().contains("sluice is ready") {
+                if let Ok(r) = client.get(self.url("/readyz")).send().await {
+                    if r.status().is_success() {
+                        return true;
+                    }
                 }
             }
             assert!(
@@ -524,11 +550,15 @@ pub async fn post_spread(urls: &[String], prefix: &str, count: usize) -> Vec<Str
     accepted
 }
 
+/// The complete lines of a JSON Lines file a gateway may still be appending to: a final
+/// line without its newline is still being written and is left out.
 pub fn read_jsonl(path: &Path) -> Vec<Value> {
-    let mut text = String::new();
+    let mut bytes = Vec::new();
     if let Ok(mut f) = fs::File::open(path) {
-        f.read_to_string(&mut text).expect("read");
+        f.read_to_end(&mut bytes).expect("read");
     }
+    let complete = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    let text = String::from_utf8_lossy(&bytes[..complete]);
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}")))
@@ -658,4 +688,32 @@ name = "{name}-file"
 path = "{{data_dir}}/{name}.jsonl"
 "#
     )
+}
+
+/// Checks the duplicates of a run where one replica was killed: every id delivered more
+/// than once was delivered by the killed replica (it died before committing that progress;
+/// nothing else may deliver twice), and there are at most `bound` of them. Returns the
+/// number of duplicate deliveries.
+pub fn assert_duplicates_from_kill(all: &[String], killed: &[String], bound: usize) -> usize {
+    let mut copies: std::collections::HashMap<&String, usize> = std::collections::HashMap::new();
+    for id in all {
+        *copies.entry(id).or_default() += 1;
+    }
+    let killed: std::collections::HashSet<&String> = killed.iter().collect();
+    let duplicates: usize = copies.values().map(|c| c - 1).sum();
+    let unexplained: Vec<&&String> = copies
+        .iter()
+        .filter(|(id, c)| **c > 1 && !killed.contains(**id))
+        .map(|(id, _)| id)
+        .take(10)
+        .collect();
+    assert!(
+        unexplained.is_empty(),
+        "delivered more than once, but never by the killed replica: {unexplained:?}"
+    );
+    assert!(
+        duplicates <= bound,
+        "{duplicates} duplicate deliveries (at most {bound} expected)"
+    );
+    duplicates
 }

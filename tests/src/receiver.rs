@@ -37,6 +37,8 @@ pub struct Received {
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
     pub at: Instant,
+    /// The status it was answered with (0 for a hang or a closed connection).
+    pub status: u16,
 }
 
 impl Received {
@@ -45,6 +47,11 @@ impl Received {
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// Answered with a 2xx.
+    pub fn was_accepted(&self) -> bool {
+        (200..300).contains(&self.status)
     }
 
     pub fn json(&self) -> serde_json::Value {
@@ -59,6 +66,9 @@ struct State {
     received: Vec<Received>,
     /// Requests answered with 2xx.
     accepted: usize,
+    /// Requests received and not yet answered, and the most there ever were.
+    in_flight: usize,
+    peak_in_flight: usize,
 }
 
 pub struct Receiver {
@@ -111,12 +121,19 @@ impl Receiver {
         self.state.lock().unwrap().received.clone()
     }
 
+    /// The most requests that were ever in flight at once (received, not yet answered).
+    pub fn peak_in_flight(&self) -> usize {
+        self.state.lock().unwrap().peak_in_flight
+    }
+
     /// Requests answered with a 2xx.
     pub fn accepted(&self) -> usize {
         self.state.lock().unwrap().accepted
     }
 
-    /// Waits until `pred` holds for what was received, or panics after `limit`.
+    /// Waits until `pred` holds for what was received, or panics after `limit`; returns the
+    /// list the predicate held for (each request carries the status it was answered with,
+    /// so a predicate on accepted requests reads the same list the caller gets).
     pub async fn wait_for(
         &self,
         limit: Duration,
@@ -185,13 +202,6 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
         buf.drain(..body_start + length);
         let reply = {
             let mut state = state.lock().unwrap();
-            state.received.push(Received {
-                method,
-                path,
-                headers,
-                body,
-                at: Instant::now(),
-            });
             let reply = state
                 .script
                 .pop_front()
@@ -199,12 +209,27 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
                 .unwrap_or(Reply::Status(200));
             let status = match &reply {
                 Reply::Status(s) | Reply::Sleep(_, s) | Reply::Full(s, _, _) => *s,
-                _ => 0,
+                Reply::RetryAfter(_) => 429,
+                Reply::Hang | Reply::Close => 0,
             };
             if (200..300).contains(&status) {
                 state.accepted += 1;
             }
+            state.received.push(Received {
+                method,
+                path,
+                headers,
+                body,
+                at: Instant::now(),
+                status,
+            });
+            state.in_flight += 1;
+            state.peak_in_flight = state.peak_in_flight.max(state.in_flight);
             reply
+        };
+        let answered = {
+            let state = state.clone();
+            move || state.lock().unwrap().in_flight -= 1
         };
         let (status, headers, body) = match reply {
             Reply::Status(s) => (s, vec![], vec![]),
@@ -220,9 +245,13 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
             Reply::Hang => {
                 // Hold the connection until the client gives up (bounded for tidiness).
                 tokio::time::sleep(Duration::from_secs(600)).await;
+                answered();
                 return;
             }
-            Reply::Close => return,
+            Reply::Close => {
+                answered();
+                return;
+            }
             Reply::Full(s, h, b) => (s, h, b),
         };
         let mut out = format!("HTTP/1.1 {status} X\r\ncontent-length: {}\r\n", body.len());
@@ -232,7 +261,9 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
         out.push_str("\r\n");
         let mut bytes = out.into_bytes();
         bytes.extend_from_slice(&body);
-        if stream.write_all(&bytes).await.is_err() {
+        let written = stream.write_all(&bytes).await;
+        answered();
+        if written.is_err() {
             return;
         }
     }

@@ -50,6 +50,7 @@ pub struct RocketMq {
 /// How to start a broker.
 pub struct RocketMqBuilder {
     auto_create_topics: bool,
+    namesrv_port: Option<u16>,
 }
 
 impl RocketMqBuilder {
@@ -57,6 +58,13 @@ impl RocketMqBuilder {
     /// by default here as in RocketMQ).
     pub fn auto_create_topics(mut self, on: bool) -> Self {
         self.auto_create_topics = on;
+        self
+    }
+
+    /// The name server's port (a free one by default): for a client configured before
+    /// the name server exists.
+    pub fn namesrv_port(mut self, port: u16) -> Self {
+        self.namesrv_port = Some(port);
         self
     }
 
@@ -79,6 +87,7 @@ impl RocketMq {
     pub fn builder() -> RocketMqBuilder {
         RocketMqBuilder {
             auto_create_topics: true,
+            namesrv_port: None,
         }
     }
 
@@ -91,7 +100,7 @@ impl RocketMq {
         let dir = tempfile::tempdir().expect("temp dir");
         let home = dir.path().to_path_buf();
         let home = home.as_path();
-        let namesrv_port = free_port();
+        let namesrv_port = options.namesrv_port.unwrap_or_else(free_port);
         let broker_port = broker_port();
         let ha_port = free_port();
         let ns_conf = home.join("namesrv.toml");

@@ -114,3 +114,177 @@ async fn a_data_dir_in_use_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A gateway process started by hand (no harness flags), killed on drop.
+struct Proc(std::process::Child, std::path::PathBuf);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    fn start(config: &std::path::Path, env: &[(&str, String)], args: &[String]) -> Proc {
+        let log = config.with_extension(format!("{}.log", sluice_tests::free_port()));
+        let mut command = Command::new(sluice_bin());
+        // Only the variables under test (the test run may set others, like the harness's).
+        for (var, _) in std::env::vars().filter(|(k, _)| k.starts_with("SLUICE_")) {
+            command.env_remove(var);
+        }
+        let child = command
+            .args(["serve", "--config"])
+            .arg(config)
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Proc(child, log)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.1).unwrap_or_default()
+    }
+
+    /// Waits until the log says it is ready and `/readyz` answers on `port`.
+    async fn wait_ready(&mut self, port: u16) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            assert!(
+                self.0.try_wait().unwrap().is_none(),
+                "exited during start:\n{}",
+                self.log()
+            );
+            if self.log().contains("sluice is ready") {
+                if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/readyz")).await {
+                    if r.status().is_success() {
+                        return;
+                    }
+                }
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not ready on {port}:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+    }
+}
+
+/// Each documented `SLUICE_*` variable changes what it names, and the flags win over them.
+#[tokio::test]
+async fn each_environment_override_applies_and_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    // The file says otherwise for every key the variables set.
+    std::fs::write(
+        &config,
+        "listen = \"127.0.0.1:1\"\ndata_dir = \"/nonexistent/sluice\"\nlog = \"warn\"\nlog_format = \"text\"\nmode = \"standalone\"\ndurability = \"fsync\"\n\n[[buses]]\nname = \"default\"\nshards = 1\n",
+    )
+    .unwrap();
+    let (url, prefix) = sluice_tests::shared_redis("env");
+    let port = sluice_tests::free_port();
+    let data = dir.path().join("env-data");
+    let env = [
+        ("SLUICE_LISTEN", format!("127.0.0.1:{port}")),
+        ("SLUICE_DATA_DIR", data.display().to_string()),
+        ("SLUICE_LOG", "warn,sluice::app=info".to_string()),
+        ("SLUICE_LOG_FORMAT", "json".to_string()),
+        ("SLUICE_MODE", "distributed".to_string()),
+        ("SLUICE_DURABILITY", "os".to_string()),
+        ("SLUICE_REDIS_URL", url.clone()),
+        ("SLUICE_REDIS_PREFIX", prefix.clone()),
+        ("SLUICE_WORKER_ID", "env-worker".to_string()),
+    ];
+    let mut p = Proc::start(&config, &env, &[]);
+    p.wait_ready(port).await;
+    let log = p.log();
+    // SLUICE_LOG_FORMAT: every line is JSON. SLUICE_LOG: the app's info lines show (the
+    // file's `warn` would hide the ready line), the runtime's do not.
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["level"] != "INFO" || l["target"] == "sluice::app"),
+        "{log}"
+    );
+    let ready = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "sluice is ready")
+        .unwrap_or_else(|| panic!("{log}"));
+    // SLUICE_DURABILITY, SLUICE_MODE, SLUICE_WORKER_ID, SLUICE_DATA_DIR.
+    assert_eq!(ready["fields"]["durability"], "os", "{ready}");
+    assert!(
+        ready["fields"]["mode"]
+            .as_str()
+            .unwrap()
+            .contains("Distributed"),
+        "{ready}"
+    );
+    assert_eq!(ready["fields"]["worker"], "env-worker", "{ready}");
+    assert!(data.is_dir(), "SLUICE_DATA_DIR made the data directory");
+    assert!(!log.contains("ignoring an environment variable"), "{log}");
+    // SLUICE_REDIS_URL and SLUICE_REDIS_PREFIX: the member is in that Redis, under that prefix.
+    let view: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{port}/admin/cluster"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view["worker"], "env-worker");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!keys.is_empty(), "nothing under the prefix {prefix}");
+    drop(p);
+
+    // The flags win over the variables.
+    let flag_port = sluice_tests::free_port();
+    let flag_data = dir.path().join("flag-data");
+    let mut env = env.to_vec();
+    env.retain(|(k, _)| !k.starts_with("SLUICE_REDIS") && *k != "SLUICE_MODE");
+    let mut p = Proc::start(
+        &config,
+        &env,
+        &[
+            "--listen".to_string(),
+            format!("127.0.0.1:{flag_port}"),
+            "--data-dir".to_string(),
+            flag_data.display().to_string(),
+        ],
+    );
+    p.wait_ready(flag_port).await;
+    assert!(flag_data.exists(), "--data-dir won");
+    assert!(
+        reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
+            .await
+            .is_err(),
+        "SLUICE_LISTEN lost to --listen"
+    );
+
+    // An unknown SLUICE_* variable is named in a warning.
+    drop(p);
+    let other = sluice_tests::free_port();
+    let mut env = env.to_vec();
+    env.retain(|(k, _)| *k != "SLUICE_LISTEN");
+    env.push(("SLUICE_LISTEN", format!("127.0.0.1:{other}")));
+    env.push(("SLUICE_NO_SUCH_KEY", "1".to_string()));
+    let mut p = Proc::start(&config, &env, &[]);
+    p.wait_ready(other).await;
+    assert!(
+        p.log().contains("SLUICE_NO_SUCH_KEY") && p.log().contains("ignoring"),
+        "{}",
+        p.log()
+    );
+}

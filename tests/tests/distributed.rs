@@ -10,6 +10,7 @@ use sluice::runtime::cluster::Cluster;
 use sluice::runtime::rebalance::{assign, Strategy};
 use sluice::store::redis::{ClusterOptions, Redis, RedisCluster, RedisPositions};
 use sluice::store::PositionStore;
+use sluice_tests::receiver::{Receiver, Reply};
 use sluice_tests::{ids, post_spread, shared_redis, RedisServer, Sluice};
 
 /// Waits until every acknowledged id shows up in some replica's delivered file, then
@@ -61,6 +62,14 @@ async fn three_replicas_deliver_every_event_through_a_kill_and_a_join() {
         acked.len(),
         lines - distinct
     );
+    // Only what b delivered before it died and had not committed comes twice (d's join
+    // hands tasks over after a commit): at most the 300 events posted before the kill on
+    // b's share of the 4 shards (2 at most).
+    let all: Vec<String> = [&a, &b, &c, &d]
+        .iter()
+        .flat_map(|r| ids(&r.delivered()))
+        .collect();
+    sluice_tests::assert_duplicates_from_kill(&all, &ids(&b.delivered()), 150);
     // Once converged, every task runs on exactly one live worker.
     a.wait_members(3).await;
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -83,45 +92,97 @@ async fn three_replicas_deliver_every_event_through_a_kill_and_a_join() {
     }
 }
 
+/// A worker frozen (SIGSTOP) with requests in flight loses its tasks; when it wakes it must
+/// neither commit those batches nor send anything more. Only the events that were in
+/// flight at the freeze may reach the receiver twice (the new owner sends them again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_worker_does_not_deliver_once_its_tasks_moved() {
     let (url, prefix) = shared_redis("pause");
-    let a = Sluice::builder().distributed(&url, &prefix).start().await;
-    let b = Sluice::builder().distributed(&url, &prefix).start().await;
-    a.wait_members(2).await;
-    let warmup: HashSet<String> = post_spread(&[a.events_url(), b.events_url()], "warm", 40)
-        .await
-        .into_iter()
-        .collect();
-    wait_all_delivered(&[&a, &b], &warmup).await;
-
-    // Freeze b: it can neither renew nor notice anything. Its tasks move to a once its
-    // membership and leases lapse.
-    b.signal("STOP");
-    let during: HashSet<String> = post_spread(&[a.events_url()], "during", 200)
-        .await
-        .into_iter()
-        .collect();
-    assert_eq!(during.len(), 200);
-    wait_all_delivered(&[&a, &b], &during).await;
-    b.signal("CONT");
-    // b wakes up with batches it may have read before it froze: it must not deliver them.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let from_b: HashSet<String> = ids(&b.delivered()).into_iter().collect();
-    let stale: Vec<&String> = during.iter().filter(|id| from_b.contains(*id)).collect();
-    assert!(
-        stale.is_empty(),
-        "b delivered {} events after its tasks moved",
-        stale.len()
+    let receiver = Receiver::start().await;
+    receiver.default_reply(Reply::Sleep(Duration::from_millis(100), 200));
+    let rule = format!(
+        "\n[[rules]]\nname = \"hook\"\nbus = \"default\"\n\n[[rules.targets]]\ntype = \"http\"\nname = \"hook\"\nurl = \"{}\"\n",
+        receiver.url("/")
     );
-
-    // And the cluster goes on with both.
+    let start = || {
+        Sluice::builder()
+            .distributed(&url, &prefix)
+            .without_default_rule()
+            .extra(&rule)
+            .start()
+    };
+    let a = start().await;
+    let b = start().await;
     a.wait_members(2).await;
-    let later: HashSet<String> = post_spread(&[a.events_url(), b.events_url()], "later", 40)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while a
+        .running_tasks()
         .await
-        .into_iter()
+        .values()
+        .collect::<HashSet<_>>()
+        .len()
+        != 2
+    {
+        assert!(Instant::now() < deadline, "both workers never ran tasks");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let during = post_spread(&[a.events_url(), b.events_url()], "during", 120).await;
+    assert_eq!(during.len(), 120);
+    // Every lane has a request in flight (100 ms each, 120 events over 4 shards): freeze b.
+    receiver
+        .wait_for(Duration::from_secs(20), |r| r.len() >= 8)
+        .await;
+    b.signal("STOP");
+    // b can send nothing once stopped; what it sent just before still arrives.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let in_flight: HashSet<String> = event_ids(&receiver.received()).into_iter().collect();
+    assert!(
+        in_flight.len() < 120,
+        "the freeze came too late to catch batches in flight"
+    );
+    // a takes b's tasks over once b's membership and leases lapse, and delivers the rest.
+    let want: HashSet<String> = during.iter().cloned().collect();
+    receiver
+        .wait_for(Duration::from_secs(60), |r| {
+            let got: HashSet<String> = event_ids(r).into_iter().collect();
+            want.is_subset(&got)
+        })
+        .await;
+    b.signal("CONT");
+    // b wakes up with answers to its requests and batches it read before it froze; more
+    // events make sure it had the time to (wrongly) act on them before the check.
+    a.wait_members(2).await;
+    let later = post_spread(&[a.events_url(), b.events_url()], "later", 40).await;
+    assert_eq!(later.len(), 40);
+    let later_set: HashSet<String> = later.iter().cloned().collect();
+    let seen = receiver
+        .wait_for(Duration::from_secs(30), |r| {
+            let got: HashSet<String> = event_ids(r).into_iter().collect();
+            later_set.is_subset(&got)
+        })
+        .await;
+    let mut copies: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for id in event_ids(&seen) {
+        *copies.entry(id).or_default() += 1;
+    }
+    let twice: Vec<&String> = copies
+        .iter()
+        .filter(|(id, c)| **c > 1 && !in_flight.contains(*id))
+        .map(|(id, _)| id)
         .collect();
-    wait_all_delivered(&[&a, &b], &later).await;
+    assert!(
+        twice.is_empty(),
+        "sent twice though not in flight at the freeze (the stale worker delivered): {twice:?}"
+    );
+    assert!(!b.log().contains("panicked"), "{}", b.log());
+}
+
+/// The event ids of binary-mode requests, in arrival order.
+fn event_ids(received: &[sluice_tests::receiver::Received]) -> Vec<String> {
+    received
+        .iter()
+        .filter_map(|r| r.header("ce-id").map(str::to_string))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,6 +241,21 @@ async fn redis_restart_answers_503_then_resumes_without_loss() {
     assert_eq!(acked.len(), 200);
     let (lines, distinct) = wait_all_delivered(&[&sluice], &acked).await;
     eprintln!("delivered {lines} lines, {distinct} distinct");
+    // Only progress made before the outage and not yet committed can be delivered again:
+    // never an event accepted after it.
+    let mut copies: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for id in ids(&sluice.delivered()) {
+        *copies.entry(id).or_default() += 1;
+    }
+    let again: Vec<&String> = copies
+        .iter()
+        .filter(|(_, c)| **c > 1)
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        again.iter().all(|id| id.starts_with("up-")) && copies.values().all(|c| *c <= 2),
+        "delivered again: {again:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -338,14 +414,19 @@ async fn positions_not_committed_when_redis_fails_are_kept_for_the_next_flush() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_resume_and_restart_a_connector_from_any_replica() {
     let (url, prefix) = shared_redis("control");
+    // A second rule that is never paused: once it has an event, the paused one had the
+    // chance to (wrongly) deliver it too.
+    let marker = "\n[[rules]]\nname = \"marker\"\nbus = \"default\"\n\n[[rules.targets]]\ntype = \"file\"\nname = \"m\"\npath = \"{data_dir}/marker.jsonl\"\n";
     let a = Sluice::builder()
         .distributed(&url, &prefix)
         .shards(2)
+        .extra(marker)
         .start()
         .await;
     let b = Sluice::builder()
         .distributed(&url, &prefix)
         .shards(2)
+        .extra(marker)
         .start()
         .await;
     a.wait_members(2).await;
@@ -380,7 +461,25 @@ async fn pause_resume_and_restart_a_connector_from_any_replica() {
         .await
         .into_iter()
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let marked: HashSet<String> = [&a, &b]
+            .iter()
+            .flat_map(|r| {
+                ids(&sluice_tests::read_jsonl(
+                    &r.data_dir().join("marker.jsonl"),
+                ))
+            })
+            .collect();
+        if held.is_subset(&marked) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the marker rule never got the events"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(
         a.delivered().is_empty() && b.delivered().is_empty(),
         "paused: nothing delivered"
@@ -391,35 +490,141 @@ async fn pause_resume_and_restart_a_connector_from_any_replica() {
         StatusCode::ACCEPTED
     );
     wait_all_delivered(&[&a, &b], &held).await;
+    // A restart really restarts each of the connector's lanes (wherever they run): each
+    // logs that it reads again from its position, and nothing is delivered twice.
+    let restarted = |shard: u32| {
+        let lane = format!("{connector}#{shard}");
+        [&a, &b]
+            .iter()
+            .map(|r| {
+                r.log()
+                    .lines()
+                    .filter(|l| l.contains(&lane) && l.contains("restarted"))
+                    .count()
+            })
+            .sum::<usize>()
+    };
+    assert_eq!((restarted(0), restarted(1)), (0, 0));
     assert_eq!(
         act(&a, "restart").await.unwrap().status(),
         StatusCode::ACCEPTED
     );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (restarted(0), restarted(1)) != (1, 1) {
+        assert!(
+            Instant::now() < deadline,
+            "lanes restarted: {:?}",
+            (restarted(0), restarted(1))
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let more: HashSet<String> = post_spread(&[a.events_url()], "more", 10)
         .await
         .into_iter()
         .collect();
     wait_all_delivered(&[&a, &b], &more).await;
+    // One task of the connector: only that lane restarts.
+    let r = client
+        .post(a.url(&format!("/admin/tasks/{connector}/1/restart")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while restarted(1) != 2 {
+        assert!(Instant::now() < deadline, "task 1 not restarted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let last: HashSet<String> = post_spread(&[b.events_url()], "last", 10)
+        .await
+        .into_iter()
+        .collect();
+    wait_all_delivered(&[&a, &b], &last).await;
+    assert_eq!(restarted(0), 1, "the other task kept running");
+    let delivered: Vec<String> = [&a, &b].iter().flat_map(|r| ids(&r.delivered())).collect();
+    let distinct: HashSet<&String> = delivered.iter().collect();
+    assert_eq!(
+        delivered.len(),
+        distinct.len(),
+        "a restart re-reads from the position: nothing twice"
+    );
+    assert_eq!(distinct.len(), held.len() + more.len() + last.len());
     let r = act(&a, "explode").await.unwrap();
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
 }
 
+/// Records are released only once every subscription of the shard passed them: a paused
+/// subscription holds them for as long as it is paused, and gets all of them on resume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_are_trimmed_once_every_subscription_passed() {
     let (url, prefix) = shared_redis("trim");
     let sluice = Sluice::builder()
         .distributed(&url, &prefix)
         .shards(1)
+        .extra("\n[[rules]]\nname = \"copy\"\nbus = \"default\"\n\n[[rules.targets]]\ntype = \"file\"\nname = \"f\"\npath = \"{data_dir}/copy.jsonl\"\n")
         .start()
         .await;
-    let acked: HashSet<String> = post_spread(&[sluice.events_url()], "trim", 200)
+    let http = reqwest::Client::new();
+    let r = http
+        .post(sluice.url("/admin/connectors/default/copy/f/pause"))
+        .send()
         .await
-        .into_iter()
-        .collect();
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let view = sluice.cluster_view().await;
+        if view["statuses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["id"] == "default/copy/f#0" && s["state"] == "PAUSED")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not paused: {view}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let posted = post_spread(&[sluice.events_url()], "trim", 200).await;
+    assert_eq!(posted.len(), 200);
+    let acked: HashSet<String> = posted.iter().cloned().collect();
     wait_all_delivered(&[&sluice], &acked).await;
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let stream = format!("{prefix}:bus:default:0");
+    // While `copy` is paused at the start, nothing may be released (commits and releases
+    // run every 50 ms; watch for a second).
+    let watch_until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < watch_until {
+        let len: u64 = redis::cmd("XLEN")
+            .arg(&stream)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            len, 200,
+            "records released while a subscription still needs them"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = http
+        .post(sluice.url("/admin/connectors/default/copy/f/resume"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let copied = sluice_tests::wait_jsonl(
+        &sluice.data_dir().join("copy.jsonl"),
+        Duration::from_secs(20),
+        |e| e.len() >= 200,
+    )
+    .await;
+    assert_eq!(
+        ids(&copied),
+        posted,
+        "the paused subscription got every record, in order"
+    );
+
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let len: u64 = redis::cmd("XLEN")
@@ -433,4 +638,84 @@ async fn streams_are_trimmed_once_every_subscription_passed() {
         assert!(Instant::now() < deadline, "{len} entries left in {stream}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Two clusters on one Redis under different `redis_prefix`es share nothing: members,
+/// tasks, positions and events stay in their own cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clusters_with_different_prefixes_on_one_redis_are_isolated() {
+    let (url, prefix) = shared_redis("iso");
+    let one = Sluice::builder()
+        .distributed(&url, &format!("{prefix}-one"))
+        .start()
+        .await;
+    let two = Sluice::builder()
+        .distributed(&url, &format!("{prefix}-two"))
+        .start()
+        .await;
+    for (sluice, other) in [(&one, &two), (&two, &one)] {
+        let view = sluice.cluster_view().await;
+        let members = view["members"].as_array().unwrap();
+        assert_eq!(members.len(), 1, "{view}");
+        assert_eq!(members[0], view["worker"]);
+        assert_ne!(view["worker"], other.cluster_view().await["worker"]);
+    }
+    let a: HashSet<String> = post_spread(&[one.events_url()], "one", 50)
+        .await
+        .into_iter()
+        .collect();
+    let b: HashSet<String> = post_spread(&[two.events_url()], "two", 50)
+        .await
+        .into_iter()
+        .collect();
+    assert_eq!((a.len(), b.len()), (50, 50));
+    wait_all_delivered(&[&one], &a).await;
+    wait_all_delivered(&[&two], &b).await;
+    // Each delivered exactly its own events (checked once both are complete).
+    let got_one: HashSet<String> = ids(&one.delivered()).into_iter().collect();
+    let got_two: HashSet<String> = ids(&two.delivered()).into_iter().collect();
+    assert_eq!(got_one, a);
+    assert_eq!(got_two, b);
+    // Both run every task of their own cluster.
+    assert_eq!(one.running_tasks().await.len(), 4);
+    assert_eq!(two.running_tasks().await.len(), 4);
+}
+
+/// SIGTERM hands the replica's tasks over: it finishes and commits what is in flight, so
+/// the replica that takes over sends nothing twice, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hands_tasks_over_without_sending_anything_twice() {
+    let (url, prefix) = shared_redis("handover");
+    let a = Sluice::builder().distributed(&url, &prefix).start().await;
+    let mut b = Sluice::builder().distributed(&url, &prefix).start().await;
+    a.wait_members(2).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while a
+        .running_tasks()
+        .await
+        .values()
+        .collect::<HashSet<_>>()
+        .len()
+        != 2
+    {
+        assert!(Instant::now() < deadline, "both workers never ran tasks");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before: HashSet<String> = post_spread(&[a.events_url(), b.events_url()], "before", 200)
+        .await
+        .into_iter()
+        .collect();
+    assert_eq!(before.len(), 200);
+    let status = b.terminate();
+    assert!(status.success(), "{status}");
+    let after: HashSet<String> = post_spread(&[a.events_url()], "after", 100)
+        .await
+        .into_iter()
+        .collect();
+    assert_eq!(after.len(), 100);
+    let all: HashSet<String> = before.union(&after).cloned().collect();
+    let (lines, distinct) = wait_all_delivered(&[&a, &b], &all).await;
+    assert_eq!(distinct, 300);
+    assert_eq!(lines, 300, "a graceful hand-over sends nothing twice");
+    assert_eq!(a.running_tasks().await.len(), 4);
 }

@@ -571,6 +571,14 @@ async fn a_replica_kill_with_a_thousand_rules_loses_nothing() {
         acked.len(),
         lines - distinct
     );
+    // Only what b delivered before it died and had not committed comes twice: at most the
+    // 1,000 events posted before the kill on b's half of the shards.
+    let all: Vec<String> = [&a, &b, &c]
+        .iter()
+        .flat_map(|r| ids(&read_jsonl(&r.data_dir().join("rules.jsonl"))))
+        .collect();
+    let from_b = ids(&read_jsonl(&b.data_dir().join("rules.jsonl")));
+    sluice_tests::assert_duplicates_from_kill(&all, &from_b, 500);
     // Every shard task runs on exactly one live worker.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -590,4 +598,219 @@ async fn a_replica_kill_with_a_thousand_rules_loses_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Stores `toml` as the cluster's configuration the way a replica publishes its own: a new
+/// version and a notice to every worker.
+async fn publish_config(url: &str, prefix: &str, toml: &str) {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let key = format!("{prefix}:config");
+    let version: u64 = redis::cmd("HINCRBY")
+        .arg(&key)
+        .arg("version")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("digest")
+        .arg(format!("test-{version}"))
+        .arg("toml")
+        .arg(toml)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("PUBLISH")
+        .arg(format!("{prefix}:notices"))
+        .arg(format!("config:{version}"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+fn file_rule(name: &str, bus: &str, condition: &str) -> String {
+    format!(
+        "\n[[rules]]\nname = \"{name}\"\nbus = \"{bus}\"\n{condition}\n\n[[rules.targets]]\ntype = \"file\"\nname = \"f\"\npath = \"{{data_dir}}/{name}.jsonl\"\n"
+    )
+}
+
+fn file_ids(sluice: &Sluice, name: &str) -> Vec<String> {
+    ids(&read_jsonl(
+        &sluice.data_dir().join(format!("{name}.jsonl")),
+    ))
+}
+
+/// Posts `count` events to `bus` with ids `{prefix}{n}` and types from `types` in turn;
+/// returns the ids of each type in the order posted.
+async fn post_types(
+    sluice: &Sluice,
+    bus: &str,
+    prefix: &str,
+    types: &[&str],
+    count: usize,
+) -> HashMap<String, Vec<String>> {
+    let client = reqwest::Client::new();
+    let mut by_type: HashMap<String, Vec<String>> = HashMap::new();
+    let events: Vec<Value> = (0..count)
+        .map(|n| {
+            let id = format!("{prefix}{n}");
+            let ty = types[n % types.len()];
+            by_type.entry(ty.to_string()).or_default().push(id.clone());
+            typed_event(&id, ty)
+        })
+        .collect();
+    for chunk in events.chunks(50) {
+        post_batch(
+            &client,
+            &sluice.url(&format!("/buses/{bus}/events")),
+            chunk.to_vec(),
+        )
+        .await;
+    }
+    by_type
+}
+
+async fn wait_files(sluice: &Sluice, want: &[(&str, usize)]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got: Vec<(&str, usize)> = want
+            .iter()
+            .map(|(name, _)| (*name, file_ids(sluice, name).len()))
+            .collect();
+        if got == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "got {got:?}, want {want:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn count_lines(log: &str, needles: &[&str]) -> usize {
+    log.lines()
+        .filter(|l| needles.iter().all(|n| l.contains(n)))
+        .count()
+}
+
+/// A rule change published to the cluster rebuilds the changed bus's index in its running
+/// shard tasks: nothing restarts (neither that bus's readers nor another bus's), a changed
+/// rule continues from its position, a removed one stops and a new one starts at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_change_applies_in_place_without_restarting_shard_readers() {
+    let (url, prefix) = shared_redis("fanout-change");
+    let buses = "\n[[buses]]\nname = \"a\"\nshards = 4\n\n[[buses]]\nname = \"b\"\nshards = 2\n";
+    let before = format!(
+        "{buses}{}{}{}",
+        file_rule("keep", "a", "pattern = { type = [\"x\"] }"),
+        file_rule("gone", "a", "pattern = { type = [\"y\"] }"),
+        file_rule("other", "b", "")
+    );
+    let sluice = Sluice::builder()
+        .durability("os")
+        .distributed(&url, &prefix)
+        .without_default_rule()
+        .extra(&before)
+        .start()
+        .await;
+    let first = post_types(&sluice, "a", "p", &["x", "y", "z"], 60).await;
+    let first_b = post_types(&sluice, "b", "q", &["x"], 20).await;
+    wait_files(&sluice, &[("keep", 20), ("gone", 20), ("other", 20)]).await;
+    let log = sluice.log();
+    let started = |log: &str, bus: &str| count_lines(log, &["shard task started", bus]);
+    assert_eq!(started(&log, "bus/a#"), 4, "{log}");
+    assert_eq!(started(&log, "bus/b#"), 2);
+
+    // Change bus `a` only, published as a replica publishes its file's channels.
+    let channels = |text: &str| {
+        sluice::config::Config::parse(sluice.config_path(), text)
+            .unwrap()
+            .channels()
+            .to_toml()
+            .unwrap()
+    };
+    let file = std::fs::read_to_string(sluice.config_path()).unwrap();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let stored: String = redis::cmd("HGET")
+        .arg(format!("{prefix}:config"))
+        .arg("toml")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        stored,
+        channels(&file),
+        "the stored configuration is the file's"
+    );
+    let changed = format!(
+        "{buses}{}{}{}",
+        file_rule("keep", "a", "pattern = { type = [\"x\", \"z\"] }"),
+        file_rule("new", "a", "pattern = { type = [\"y\"] }"),
+        file_rule("other", "b", "")
+    );
+    assert!(file.contains(&before));
+    let after = channels(&file.replace(&before, &changed));
+    publish_config(&url, &prefix, &after).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count_lines(&sluice.log(), &["the bus's rules changed", "bus/a#"]) < 4 {
+        assert!(Instant::now() < deadline, "{}", sluice.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let second = post_types(&sluice, "a", "s", &["x", "y", "z"], 60).await;
+    let second_b = post_types(&sluice, "b", "t", &["x"], 20).await;
+    // keep: its x from before, then x and z; new: only what came after; gone: nothing more.
+    wait_files(
+        &sluice,
+        &[("keep", 20 + 40), ("new", 20), ("other", 40), ("gone", 20)],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ordered = |lists: &[&Vec<String>]| -> Vec<String> {
+        let mut all: Vec<String> = lists.iter().flat_map(|l| l.iter().cloned()).collect();
+        // Posted order: prefix, then n.
+        all.sort_by_key(|id| (id.as_bytes()[0], id[1..].parse::<usize>().unwrap()));
+        all
+    };
+    assert_in_shard_order(
+        &file_ids(&sluice, "keep"),
+        &ordered(&[&first["x"], &second["x"], &second["z"]]),
+        "the changed rule continued from its position",
+    );
+    assert_in_shard_order(
+        &file_ids(&sluice, "new"),
+        &second["y"],
+        "the new rule started at the end",
+    );
+    assert_eq!(
+        file_ids(&sluice, "gone").len(),
+        20,
+        "the removed rule stopped"
+    );
+    let other = file_ids(&sluice, "other");
+    let want_other: Vec<String> = first_b["x"].iter().chain(&second_b["x"]).cloned().collect();
+    let mut sorted = other.clone();
+    sorted.sort();
+    let mut want_sorted = want_other.clone();
+    want_sorted.sort();
+    assert_eq!(sorted, want_sorted, "bus b delivered each event once");
+
+    let log = sluice.log();
+    assert_eq!(
+        started(&log, "bus/a#"),
+        4,
+        "bus a's readers were not restarted"
+    );
+    assert_eq!(
+        started(&log, "bus/b#"),
+        2,
+        "bus b's readers were not restarted"
+    );
+    assert_eq!(
+        count_lines(&log, &["the bus's rules changed", "bus/b#"]),
+        0,
+        "bus b was not touched"
+    );
+    assert!(!log.contains("lease lost"), "{log}");
 }

@@ -33,7 +33,9 @@ async fn retry_fails_n_times_then_succeeds() {
         .await;
     post(&reqwest::Client::new(), &sluice.events_url(), "r-1", "{}").await;
     let got = receiver
-        .wait_for(Duration::from_secs(10), |_| receiver.accepted() == 1)
+        .wait_for(Duration::from_secs(10), |r| {
+            r.iter().filter(|x| x.was_accepted()).count() == 1
+        })
         .await;
     assert_eq!(got.len(), 4, "three failures, then the success");
     assert!(got.iter().all(|r| r.header("ce-id") == Some("r-1")));
@@ -49,7 +51,9 @@ async fn retry_network_errors_close_hang_and_408() {
         .await;
     post(&reqwest::Client::new(), &sluice.events_url(), "n-1", "{}").await;
     let got = receiver
-        .wait_for(Duration::from_secs(10), |_| receiver.accepted() == 1)
+        .wait_for(Duration::from_secs(10), |r| {
+            r.iter().filter(|x| x.was_accepted()).count() == 1
+        })
         .await;
     assert_eq!(got.len(), 4, "closed, timed out, 408, then delivered");
 }
@@ -64,7 +68,9 @@ async fn retry_honours_retry_after_on_429() {
         .await;
     post(&reqwest::Client::new(), &sluice.events_url(), "ra-1", "{}").await;
     let got = receiver
-        .wait_for(Duration::from_secs(10), |_| receiver.accepted() == 1)
+        .wait_for(Duration::from_secs(10), |r| {
+            r.iter().filter(|x| x.was_accepted()).count() == 1
+        })
         .await;
     assert_eq!(got.len(), 2);
     let gap = got[1].at - got[0].at;
@@ -95,6 +101,12 @@ async fn dead_letter_on_4xx_without_retry() {
     assert_eq!(dead[0]["deadletterstatus"], "400");
     assert_eq!(dead[0]["deadletterattempts"], 1);
     assert_eq!(dead[0]["deadletterrule"], "hook");
+    let target = dead[0]["deadlettertarget"].as_str().unwrap();
+    assert!(
+        target.contains(&receiver.url("/"))
+            || target.contains(receiver.url("/").trim_end_matches('/')),
+        "deadlettertarget names the target: {target}"
+    );
     assert!(dead[0]["deadletterreason"]
         .as_str()
         .unwrap()
@@ -128,7 +140,9 @@ async fn dead_letter_after_max_attempts_and_neighbours_still_delivered() {
     receiver.default_reply(Reply::Status(200));
     post(&client, &sluice.events_url(), "after", "{}").await;
     let got = receiver
-        .wait_for(Duration::from_secs(10), |_| receiver.accepted() == 1)
+        .wait_for(Duration::from_secs(10), |r| {
+            r.iter().filter(|x| x.was_accepted()).count() == 1
+        })
         .await;
     assert_eq!(got.last().unwrap().header("ce-id"), Some("after"));
 }
@@ -145,14 +159,66 @@ async fn dead_letter_to_a_target_and_max_event_age() {
         ),
     );
     let sluice = Sluice::builder().extra(&extra).start().await;
-    post(&reqwest::Client::new(), &sluice.events_url(), "old", "{}").await;
+    let client = reqwest::Client::new();
+    // The age counts from the first delivery attempt, not from acceptance: an event that
+    // waited behind a paused subscription longer than `max_event_age` still gets its
+    // retries before it is dead-lettered.
+    let pause = client
+        .post(sluice.url("/admin/connectors/default/hook/hook/pause"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(pause.status().as_u16(), 202);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let view = sluice.cluster_view().await;
+        let paused = view["statuses"].as_array().unwrap().iter().any(|s| {
+            s["id"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("default/hook/hook#")
+                && s["state"] == "PAUSED"
+        });
+        if paused {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{view}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    post(&client, &sluice.events_url(), "old", "{}").await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(receiver.received().is_empty(), "paused: nothing sent");
+    let resume = client
+        .post(sluice.url("/admin/connectors/default/hook/hook/resume"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resume.status().as_u16(), 202);
     let dead = wait_jsonl(
         &sluice.data_dir().join("dead-target.jsonl"),
         Duration::from_secs(10),
         |e| !e.is_empty(),
     )
     .await;
+    assert_eq!(dead.len(), 1);
     assert_eq!(dead[0]["id"], "old");
     assert_eq!(dead[0]["deadletterstatus"], "503");
-    assert!(dead[0]["deadletterattempts"].as_i64().unwrap() >= 2);
+    assert_eq!(dead[0]["deadletterrule"], "hook");
+    let reason = dead[0]["deadletterreason"].as_str().unwrap();
+    assert!(reason.contains("503"), "{reason}");
+    let attempts = dead[0]["deadletterattempts"].as_i64().unwrap();
+    let tried = receiver.received();
+    assert_eq!(
+        attempts as usize,
+        tried.len(),
+        "every attempt reached the receiver"
+    );
+    assert!(attempts >= 2, "{attempts} attempts");
+    // Retried for about `max_event_age` from the first attempt (each attempt fails at once;
+    // the harness's backoff is at most 200 ms).
+    let span = tried.last().unwrap().at - tried.first().unwrap().at;
+    assert!(
+        span >= Duration::from_millis(400),
+        "retried for {span:?} only"
+    );
 }

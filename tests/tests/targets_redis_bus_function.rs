@@ -1,4 +1,4 @@
-//! The Redis stream target (real Redis at 127.0.0.1:6379), the bus target, and the function
+//! The Redis stream target (the harness's Redis), the bus target, and the function
 //! target with its reply bus, hop limit and non-CloudEvent replies.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -14,6 +14,7 @@ async fn redis_stream_target_xadds_with_maxlen() {
         std::process::id(),
         sluice_tests::free_port()
     );
+    let url = sluice_tests::shared_redis("redis-stream").0;
     let extra = format!(
         r#"
 [[rules]]
@@ -23,9 +24,9 @@ bus = "default"
 [[rules.targets]]
 type = "redis-stream"
 name = "stream"
-url = "redis://127.0.0.1:6379"
+url = "{url}"
 stream = "{stream}"
-maxlen = 1000
+maxlen = 50
 "#
     );
     let sluice = Sluice::builder().extra(&extra).start().await;
@@ -39,7 +40,7 @@ maxlen = 1000
         )
         .await;
     }
-    let redis = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+    let redis = redis::Client::open(url.as_str()).unwrap();
     let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let entries: Vec<(String, Vec<(String, String)>)> = loop {
@@ -68,11 +69,6 @@ maxlen = 1000
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let _: () = redis::cmd("DEL")
-        .arg(&stream)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
     assert_eq!(entries.len(), 5);
     let mut ids: Vec<String> = entries
         .iter()
@@ -83,6 +79,47 @@ maxlen = 1000
     let event: serde_json::Value =
         serde_json::from_str(&entries[0].1.iter().find(|(k, _)| k == "event").unwrap().1).unwrap();
     assert_eq!(event["source"], "/tests");
+
+    // Trimming: 400 more entries on a stream capped at about 50. `MAXLEN ~` trims whole
+    // stream nodes (100 entries each by default), never below the cap.
+    let client = reqwest::Client::new();
+    for chunk in 0..4 {
+        let events = (0..100)
+            .map(|i| sluice_tests::structured_event(&format!("trim-{chunk}-{i}")))
+            .collect();
+        sluice_tests::post_batch(&client, &sluice.events_url(), events).await;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let (added, len) = loop {
+        let info: redis::Value = redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(&stream)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let map: std::collections::HashMap<String, redis::Value> =
+            redis::from_redis_value(info).unwrap();
+        let added: u64 = redis::from_redis_value_ref(&map["entries-added"]).unwrap();
+        let len: u64 = redis::from_redis_value_ref(&map["length"]).unwrap();
+        if added >= 405 {
+            break (added, len);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{added} of 405 entries added"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(added, 405, "each event added once");
+    assert!(
+        (50..=150).contains(&len),
+        "the stream was trimmed to about 50 entries: {len}"
+    );
 }
 
 #[tokio::test]

@@ -469,6 +469,25 @@ mod tests {
         format!("{}{}", "[".repeat(n), "]".repeat(n)).into_bytes()
     }
 
+    /// The shard of a key is part of the stored data's layout (order per key, positions per
+    /// shard): FNV-1a 64 over the key's bytes, modulo the shard count. These values must
+    /// never change.
+    #[test]
+    fn shard_of_is_pinned() {
+        for (key, shards, want) in [
+            ("", 4, 1),
+            ("a", 4, 0),
+            ("foobar", 16, 8),
+            ("order-42", 4, 0),
+            ("order-42", 7, 0),
+            ("caf\u{e9}", 1000, 713),
+            ("user:1001", 3, 2),
+            ("anything", 0, 0),
+        ] {
+            assert_eq!(super::shard_of(key, shards), want, "{key:?} over {shards}");
+        }
+    }
+
     #[tokio::test]
     async fn hostile_inputs_are_refused_or_stored_decodable() {
         let f = fixture();
