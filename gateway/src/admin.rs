@@ -54,36 +54,52 @@ async fn connector_action(
     State(state): State<Arc<IngressState>>,
     Path((bus, rule, target, action)): Path<(String, String, String, String)>,
 ) -> Response {
-    act(&state, &format!("{bus}/{rule}/{target}"), &action).await
+    act(&state, &format!("{bus}/{rule}/{target}"), None, &action).await
 }
 
 async fn task_action(
     State(state): State<Arc<IngressState>>,
     Path((bus, rule, target, shard, action)): Path<(String, String, String, u32, String)>,
 ) -> Response {
-    act(
-        &state,
-        &task_id(&format!("{bus}/{rule}/{target}"), shard),
-        &action,
-    )
-    .await
+    act(&state, &format!("{bus}/{rule}/{target}"), Some(shard), &action).await
 }
 
 async fn source_action(
     State(state): State<Arc<IngressState>>,
     Path((name, action)): Path<(String, String)>,
 ) -> Response {
-    act(&state, &format!("source/{name}"), &action).await
+    act(&state, &format!("source/{name}"), None, &action).await
 }
 
 async fn source_task_action(
     State(state): State<Arc<IngressState>>,
     Path((name, index, action)): Path<(String, u32, String)>,
 ) -> Response {
-    act(&state, &task_id(&format!("source/{name}"), index), &action).await
+    act(&state, &format!("source/{name}"), Some(index), &action).await
 }
 
-async fn act(state: &IngressState, id: &str, action: &str) -> Response {
+/// Pause, resume or restart a connector (`task` = `None`) or one of its tasks. Only the
+/// running configuration's connectors and tasks are known: anything else is 404, so a
+/// typo is not silently remembered as a control entry for nothing.
+async fn act(state: &IngressState, connector: &str, task: Option<u32>, action: &str) -> Response {
+    let Some(tasks) = state.connectors().get(connector).copied() else {
+        return Problem::unknown(format!(
+            "no connector `{connector}` in the running configuration"
+        ))
+        .into_response();
+    };
+    let id = match task {
+        Some(index) if index >= tasks => {
+            return Problem::unknown(format!(
+                "connector `{connector}` has tasks 0 to {}; there is no task {index}",
+                tasks.saturating_sub(1)
+            ))
+            .into_response()
+        }
+        Some(index) => task_id(connector, index),
+        None => connector.to_string(),
+    };
+    let id = id.as_str();
     let result = match action {
         "pause" => state.cluster.set_paused(id, true).await,
         "resume" => state.cluster.set_paused(id, false).await,

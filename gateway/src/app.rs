@@ -102,6 +102,7 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
                 config.limits.clone(),
                 cluster,
             ));
+            state.set_connectors(plan.connectors());
             announce(&config, &listener, data.path(), &id);
             crate::server::serve(listener, ingress::router(state), &config.limits, wait_stop).await;
             tracing::info!("ingress stopped; finishing deliveries");
@@ -161,6 +162,7 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
                 config.limits.clone(),
                 shared,
             ));
+            state.set_connectors(plan.connectors());
             tokio::spawn(follow_config(
                 config.clone(),
                 cluster.clone(),
@@ -400,6 +402,7 @@ async fn follow_config(
                 tracing::info!(from = version, to = v, "configuration changed; resynced");
                 version = v;
                 ingress.set_buses(plan.logs.clone());
+                ingress.set_connectors(plan.connectors());
                 plans.send_replace(plan);
             }
             Ok(None) => {}

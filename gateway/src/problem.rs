@@ -83,6 +83,11 @@ impl Problem {
         )
     }
 
+    /// A resource (connector, task, ...) that does not exist.
+    pub fn unknown(detail: impl Into<String>) -> Self {
+        Problem::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
+    }
+
     pub fn method_not_allowed(method: &str, allow: &'static str) -> Self {
         let mut p = Problem::new(
             StatusCode::METHOD_NOT_ALLOWED,

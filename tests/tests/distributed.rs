@@ -322,6 +322,10 @@ async fn converged(sluice: &Sluice, tasks: u32) -> BTreeMap<String, String> {
     }
 }
 
+/// Through the library, not the binary: the fence must be seen refusing a commit made
+/// exactly after the lease lapsed and moved, an interleaving a process cannot be steered
+/// into (the binary path of the same guarantee is
+/// `a_paused_worker_does_not_deliver_once_its_tasks_moved`).
 #[tokio::test]
 async fn fenced_commit_is_refused_after_the_lease_moved() {
     let (url, prefix) = shared_redis("fence");
@@ -371,6 +375,9 @@ async fn fenced_commit_is_refused_after_the_lease_moved() {
     b.leave().await;
 }
 
+/// Through the library, not the binary: a flush must fail at a chosen moment (Redis gone
+/// between `set` and `flush`) and the next one must carry the kept positions; the binary
+/// path is `redis_restart_answers_503_then_resumes_without_loss`.
 #[tokio::test]
 async fn positions_not_committed_when_redis_fails_are_kept_for_the_next_flush() {
     let mut server = RedisServer::start();
@@ -718,4 +725,129 @@ async fn sigterm_hands_tasks_over_without_sending_anything_twice() {
     assert_eq!(distinct, 300);
     assert_eq!(lines, 300, "a graceful hand-over sends nothing twice");
     assert_eq!(a.running_tasks().await.len(), 4);
+}
+
+/// The admin actions know the running configuration: an unknown connector or task is a
+/// 404 problem naming it, not a control entry remembered for nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_actions_on_unknown_connectors_and_tasks_are_404() {
+    let (url, prefix) = shared_redis("admin-404");
+    let sluice = Sluice::builder()
+        .distributed(&url, &prefix)
+        .shards(2)
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    for (path, names) in [
+        ("/admin/connectors/default/nope/delivered/pause", "default/nope/delivered"),
+        ("/admin/connectors/nobus/all-events/delivered/restart", "nobus/all-events/delivered"),
+        ("/admin/tasks/default/all-events/delivered/2/restart", "there is no task 2"),
+        ("/admin/sources/ghost/pause", "source/ghost"),
+        ("/admin/sources/ghost/tasks/0/resume", "source/ghost"),
+    ] {
+        let r = client.post(sluice.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+        let body = r.text().await.unwrap();
+        assert!(body.contains(names), "{path}: {body}");
+    }
+    // The real ones still work.
+    let r = client
+        .post(sluice.url("/admin/tasks/default/all-events/delivered/1/restart"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    // Nothing was stored for the unknown ids.
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for key in &keys {
+        let kind: String = redis::cmd("TYPE").arg(key).query_async(&mut conn).await.unwrap();
+        if kind == "hash" {
+            let fields: Vec<String> = redis::cmd("HKEYS").arg(key).query_async(&mut conn).await.unwrap();
+            assert!(
+                !fields.iter().any(|f| f.contains("nope") || f.contains("ghost") || f.contains("nobus")),
+                "{key}: {fields:?}"
+            );
+        }
+    }
+}
+
+/// A replica started with a different file publishes it and every replica resyncs to it
+/// (until the admin API owns the configuration); a replica whose file changes a bus's
+/// shard count is refused at start, naming the bus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_resync_to_the_published_configuration_and_shard_changes_are_refused() {
+    let (url, prefix) = shared_redis("resync");
+    let rule = |name: &str| {
+        format!("\n[[rules]]\nname = \"{name}\"\nbus = \"default\"\n\n[[rules.targets]]\ntype = \"file\"\nname = \"f\"\npath = \"{{data_dir}}/{name}.jsonl\"\n")
+    };
+    let a = Sluice::builder()
+        .distributed(&url, &prefix)
+        .without_default_rule()
+        .extra(&rule("first"))
+        .start()
+        .await;
+    let b = Sluice::builder()
+        .distributed(&url, &prefix)
+        .without_default_rule()
+        .extra(&rule("second"))
+        .start()
+        .await;
+    a.wait_members(2).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !a.log().contains("configuration changed; resynced") {
+        assert!(Instant::now() < deadline, "a never resynced:\n{}", a.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let posted: HashSet<String> = post_spread(&[a.events_url(), b.events_url()], "r", 40)
+        .await
+        .into_iter()
+        .collect();
+    assert_eq!(posted.len(), 40);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got: HashSet<String> = [&a, &b]
+            .iter()
+            .flat_map(|r| ids(&sluice_tests::read_jsonl(&r.data_dir().join("second.jsonl"))))
+            .collect();
+        if got == posted {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{} of 40 through `second`", got.len());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for r in [&a, &b] {
+        assert!(
+            sluice_tests::read_jsonl(&r.data_dir().join("first.jsonl")).is_empty(),
+            "the replaced rule delivered"
+        );
+    }
+
+    // A file that changes the shard count of `default` (4 in the cluster) is refused.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!("mode = \"distributed\"\nredis_url = \"{url}\"\nredis_prefix = \"{prefix}\"\n\n[[buses]]\nname = \"default\"\nshards = 8\n"),
+    )
+    .unwrap();
+    let out = std::process::Command::new(sluice_tests::sluice_bin())
+        .args(["serve", "--config"])
+        .arg(&config)
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("`default` has 4 shards in the cluster and 8"),
+        "{stderr}"
+    );
 }

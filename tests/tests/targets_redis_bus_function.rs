@@ -238,9 +238,17 @@ async fn function_target_hop_counter_stops_a_loop() {
         "{}",
         dead[0]
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    // seed + 3 replies reached the function, then the chain stopped.
-    assert_eq!(function.received().len(), 4);
+    // seed + 3 replies reached the function, then the chain stopped: an event posted after
+    // the dead letter is the fifth and last request (nothing of the loop came after it).
+    function.default_reply(Reply::Status(204));
+    post(&reqwest::Client::new(), &sluice.events_url(), "after", "{}").await;
+    let got = function
+        .wait_for(Duration::from_secs(10), |r| {
+            r.iter().any(|x| x.header("ce-id") == Some("after"))
+        })
+        .await;
+    assert_eq!(got.len(), 5, "{:?}", got.iter().map(|r| r.header("ce-id")).collect::<Vec<_>>());
+    assert_eq!(got[4].header("ce-id"), Some("after"));
 }
 
 #[tokio::test]
@@ -272,4 +280,42 @@ async fn function_target_non_cloudevent_reply_is_an_error() {
         .unwrap()
         .contains("not a CloudEvent"));
     assert!(sluice_tests::read_jsonl(&sluice.data_dir().join("replies.jsonl")).is_empty());
+}
+
+/// An empty 2xx answer is a plain success: the event counts as delivered (not retried,
+/// not dead-lettered) and nothing goes onto the reply bus.
+#[tokio::test]
+async fn function_target_empty_answer_is_a_plain_success() {
+    let function = Receiver::start().await;
+    function.default_reply(Reply::Status(204));
+    let extra = bus_to_file("replies")
+        + &bus_to_file("dlq")
+        + &function_rule(
+            &function.url("/fn"),
+            "replies",
+            "[rules.targets.dead_letter]\nbus = \"dlq\"",
+        );
+    let sluice = Sluice::builder().extra(&extra).start().await;
+    let client = reqwest::Client::new();
+    post(&client, &sluice.events_url(), "quiet", "{}").await;
+    let got = function
+        .wait_for(Duration::from_secs(10), |r| !r.is_empty())
+        .await;
+    assert_eq!(got[0].header("ce-id"), Some("quiet"));
+    // A second event whose reply is a CloudEvent: once its reply is on the reply bus, the
+    // first one had every chance to be retried, dead-lettered or replied.
+    function.script([ce_reply("loud-reply")]);
+    post(&client, &sluice.events_url(), "loud", "{}").await;
+    let replies = wait_jsonl(
+        &sluice.data_dir().join("replies.jsonl"),
+        Duration::from_secs(10),
+        |e| !e.is_empty(),
+    )
+    .await;
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0]["id"], "loud-reply");
+    let received = function.received();
+    let ids: Vec<Option<&str>> = received.iter().map(|r| r.header("ce-id")).collect();
+    assert_eq!(ids, vec![Some("quiet"), Some("loud")], "the empty answer was not retried");
+    assert!(sluice_tests::read_jsonl(&sluice.data_dir().join("dlq.jsonl")).is_empty());
 }

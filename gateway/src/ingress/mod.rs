@@ -29,6 +29,9 @@ use cloudevent::{ContentMode, ErrorKind, EventError};
 pub struct IngressState {
     /// Swapped as a whole when the configuration changes.
     buses: RwLock<Arc<HashMap<String, Arc<dyn BusLog>>>>,
+    /// The connectors of the running configuration and their number of tasks (the admin
+    /// API refuses to act on anything else).
+    connectors: RwLock<Arc<HashMap<String, u32>>>,
     pub limits: Limits,
     pub cluster: Arc<dyn Cluster>,
 }
@@ -41,9 +44,22 @@ impl IngressState {
     ) -> IngressState {
         IngressState {
             buses: RwLock::new(Arc::new(buses)),
+            connectors: RwLock::new(Arc::new(HashMap::new())),
             limits,
             cluster,
         }
+    }
+
+    /// The connectors of the running configuration, with their number of tasks.
+    pub fn connectors(&self) -> Arc<HashMap<String, u32>> {
+        self.connectors
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn set_connectors(&self, connectors: HashMap<String, u32>) {
+        *self.connectors.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(connectors);
     }
 
     pub fn buses(&self) -> Arc<HashMap<String, Arc<dyn BusLog>>> {

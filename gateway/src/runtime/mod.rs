@@ -18,7 +18,9 @@
 //! subscriptions' lanes. Each lane delivers in order with its own transform chain, retry
 //! and dead-letter policy and its own position. A lane whose target is slow does not hold
 //! up the reader: once its queue is full it leaves the shared path, reads the log on its
-//! own from its position until it has caught up with the reader, and then rejoins.
+//! own from its position until it has caught up with the reader, and then rejoins. When
+//! the lanes of a shard are behind together (a busy machine, not one slow target), the
+//! reader waits for them instead, so the log is not read once per lane.
 //!
 //! A rule change rebuilds the bus's index and is applied to the running shard tasks of
 //! that bus in place: unchanged subscriptions keep their lanes and queues, changed ones
@@ -182,6 +184,21 @@ pub fn shard_task_id(bus: &str, shard: u32) -> String {
 }
 
 impl Plan {
+    /// Every connector of the plan (subscriptions `{bus}/{rule}/{target}` and sources
+    /// `source/{name}`) with its number of tasks: what the admin API may act on.
+    pub fn connectors(&self) -> HashMap<String, u32> {
+        let mut out = HashMap::new();
+        for bus in self.buses.values() {
+            for sub in &bus.subscriptions {
+                out.insert(sub.id.clone(), bus.log.shards());
+            }
+        }
+        for source in &self.sources {
+            out.insert(source.id.clone(), source.config.tasks());
+        }
+        out
+    }
+
     /// Every task of the plan by task id.
     fn tasks(&self) -> BTreeMap<String, TaskKind> {
         let mut tasks = BTreeMap::new();
@@ -647,11 +664,7 @@ impl WorkerLoop {
             let TaskKind::Shard { bus, shard } = &r.kind else {
                 continue;
             };
-            let Some(min) = self
-                .positions
-                .committed_group(&bus.name, *shard)
-                .and_then(|g| g.min())
-            else {
+            let Some(min) = self.positions.committed_min(&bus.name, *shard) else {
                 continue;
             };
             if let Err(e) = bus.log.release(*shard, min).await {

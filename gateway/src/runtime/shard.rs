@@ -42,11 +42,17 @@ const LANE_QUEUE_BATCHES: usize = 4;
 
 /// Most bytes one lane may have queued (events wait in the log, not in memory, for a slow
 /// target).
-const LANE_QUEUE_BYTES: usize = 2 * 1024 * 1024;
+const LANE_QUEUE_BYTES: usize = 1024 * 1024;
 
-/// Most bytes queued across all lanes of one shard task; past it the lane being fed leaves
-/// the shared path. Keeps memory bounded whatever the number of slow subscriptions.
-const SHARD_QUEUE_BYTES: usize = 32 * 1024 * 1024;
+/// Most bytes queued across all lanes of one shard task. Past it the reader waits for the
+/// lanes to deliver (they are behind together: the machine is busy, and reading on would
+/// only make every lane read the log again on its own); if that takes long, the lanes that
+/// hold the most leave the shared path and catch up from the log, so a few slow targets
+/// cannot hold the others back. Keeps memory bounded whatever the number of rules.
+const SHARD_QUEUE_BYTES: usize = 16 * 1024 * 1024;
+
+/// How long the reader waits for room before it sheds the lanes that hold the most.
+const SHED_AFTER: Duration = Duration::from_millis(250);
 
 pub(super) struct ShardTask {
     pub(super) id: String,
@@ -69,6 +75,8 @@ struct Shared {
     dispatch: Mutex<Dispatch>,
     /// Bytes queued across lanes.
     queued: AtomicUsize,
+    /// Signalled when `queued` falls below `SHARD_QUEUE_BYTES` (the reader may be waiting).
+    drained: tokio::sync::Notify,
     /// Lane tasks running, and lanes reported FAILED: while both are zero there is nothing
     /// to check, so an idle shard costs nothing per subscription.
     running_lanes: AtomicUsize,
@@ -215,6 +223,7 @@ impl ShardTask {
                 lanes,
             }),
             queued: AtomicUsize::new(0),
+            drained: tokio::sync::Notify::new(),
             running_lanes: AtomicUsize::new(0),
             failed_lanes: AtomicUsize::new(0),
             changes: AtomicU64::new(1),
@@ -431,10 +440,7 @@ impl Shared {
                     if record.seq < from {
                         continue;
                     }
-                    if st.queue.len() >= limit
-                        || st.queued >= LANE_QUEUE_BYTES
-                        || self.queued.load(Ordering::Relaxed) >= SHARD_QUEUE_BYTES
-                    {
+                    if st.queue.len() >= limit || st.queued >= LANE_QUEUE_BYTES {
                         tracing::debug!(lane = %lane.id, seq = record.seq, "the lane is behind; it catches up from the log on its own");
                         st.mode = Mode::CatchingUp { next: record.seq };
                         self.ensure_running(lane, &mut st);
@@ -548,7 +554,51 @@ impl Shared {
     fn clear_queue(&self, st: &mut LaneState) {
         let bytes: usize = st.queue.drain(..).map(|q| q.bytes).sum();
         st.queued = 0;
-        self.queued.fetch_sub(bytes, Ordering::Relaxed);
+        self.release(bytes);
+    }
+
+    /// Takes delivered or dropped bytes off the shard's queue total.
+    fn release(&self, bytes: usize) {
+        let before = self.queued.fetch_sub(bytes, Ordering::Relaxed);
+        if before >= SHARD_QUEUE_BYTES && before - bytes < SHARD_QUEUE_BYTES {
+            self.drained.notify_one();
+        }
+    }
+
+    /// Waits until the lanes have room for another batch of the reader. A wait longer than
+    /// `SHED_AFTER` sheds the lanes holding a large share (slow targets): they catch up
+    /// from the log on their own.
+    async fn make_room(self: &Arc<Self>) {
+        let mut since = tokio::time::Instant::now();
+        while self.queued.load(Ordering::Relaxed) >= SHARD_QUEUE_BYTES && !self.stopping() {
+            tokio::select! {
+                () = self.drained.notified() => {}
+                () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+            if since.elapsed() >= SHED_AFTER {
+                self.shed_largest();
+                since = tokio::time::Instant::now();
+            }
+        }
+    }
+
+    fn shed_largest(self: &Arc<Self>) {
+        let d = lock(&self.dispatch);
+        for lane in &d.lanes {
+            let mut st = lock(&lane.state);
+            if st.queued < LANE_QUEUE_BYTES / 4 {
+                continue;
+            }
+            let Some(next) = st.queue.front().map(|q| q.seq) else {
+                continue;
+            };
+            if let Mode::Attached { .. } | Mode::CatchingUp { .. } = st.mode {
+                tracing::debug!(lane = %lane.id, queued = st.queued, "the lane holds much of the shard's queue; it catches up from the log on its own");
+                self.clear_queue(&mut st);
+                st.mode = Mode::CatchingUp { next };
+                self.ensure_running(lane, &mut st);
+            }
+        }
     }
 
     /// Takes a new definition of the bus: unchanged subscriptions keep their lanes, changed
@@ -747,6 +797,10 @@ impl ReaderLoop {
             if self.shared.stopping() {
                 return;
             }
+            if self.shared.queued.load(Ordering::Relaxed) >= SHARD_QUEUE_BYTES {
+                self.shared.make_room().await;
+                continue;
+            }
             let cursor = lock(&self.shared.dispatch).cursor;
             if self.reader.is_none() {
                 match self.log.reader(self.shared.shard, cursor).await {
@@ -842,7 +896,7 @@ impl LaneTask {
                     let bytes: usize = items.iter().map(|q| q.bytes).sum();
                     let envelopes: Vec<Envelope> = items.into_iter().map(|q| q.envelope).collect();
                     let done = self.deliver(&envelopes, epoch).await;
-                    self.shared.queued.fetch_sub(bytes, Ordering::Relaxed);
+                    self.shared.release(bytes);
                     self.finish(first, end, epoch, done);
                     // Not done and not stopping: paused, restarted or replaced meanwhile;
                     // the next round sees the lane's new mode.

@@ -170,4 +170,8 @@ pub trait PositionStore: Send + Sync + 'static {
 
     /// The bus shard's positions as of the last successful commit by this worker.
     fn committed_group(&self, bus: &str, shard: u32) -> Option<GroupPositions>;
+
+    /// The lowest committed position of the bus shard's subscriptions (what `release` may
+    /// drop below), without copying the group: it is asked on every commit.
+    fn committed_min(&self, bus: &str, shard: u32) -> Option<Seq>;
 }

@@ -379,6 +379,11 @@ struct GroupState {
     /// What Redis holds, as last read or committed: commits send only the difference.
     committed: Option<GroupPositions>,
     latest: Option<GroupPositions>,
+    /// Bumped by every `set_group`; `committed_version` is the one Redis holds. A flush
+    /// looks only at groups whose versions differ, so an idle shard costs nothing per
+    /// subscription (comparing whole groups on every commit tick did).
+    version: u64,
+    committed_version: u64,
 }
 
 impl RedisPositions {
@@ -403,6 +408,7 @@ impl RedisPositions {
             (String, u64),
             Option<GroupPositions>,
             GroupPositions,
+            u64,
         );
         let work: Vec<Work> = {
             let state = self.lock();
@@ -410,16 +416,30 @@ impl RedisPositions {
                 .groups
                 .iter()
                 .filter_map(|(key, g)| {
+                    if g.version == g.committed_version {
+                        return None;
+                    }
                     let latest = g.latest.as_ref()?;
                     let owner = g.owner.clone()?;
-                    (g.committed.as_ref() != Some(latest))
-                        .then(|| (key.clone(), owner, g.committed.clone(), latest.clone()))
+                    Some((
+                        key.clone(),
+                        owner,
+                        g.committed.clone(),
+                        latest.clone(),
+                        g.version,
+                    ))
                 })
                 .collect()
         };
         let mut fenced = Vec::new();
-        for ((bus, shard), (task, epoch), committed, latest) in work {
+        for ((bus, shard), (task, epoch), committed, latest, version) in work {
             let (set, del) = group_diff(committed.as_ref(), &latest);
+            if set.is_empty() && del.is_empty() {
+                if let Some(g) = self.lock().groups.get_mut(&(bus, shard)) {
+                    g.committed_version = version;
+                }
+                continue;
+            }
             let mut invocation = self.commit_group.prepare_invoke();
             invocation
                 .key(self.redis.key(&["lease", &task]))
@@ -440,6 +460,7 @@ impl RedisPositions {
                 1 => {
                     if let Some(g) = self.lock().groups.get_mut(&(bus, shard)) {
                         g.committed = Some(latest);
+                        g.committed_version = version;
                     }
                 }
                 _ => fenced.push(task),
@@ -573,6 +594,7 @@ impl PositionStore for RedisPositions {
         let g = state.groups.entry((bus.to_string(), shard)).or_default();
         g.committed = Some(group.clone());
         g.latest = None;
+        g.committed_version = g.version;
         Ok(group)
     }
 
@@ -585,11 +607,19 @@ impl PositionStore for RedisPositions {
     }
 
     fn set_group(&self, bus: &str, shard: u32, positions: GroupPositions) {
+        let mut state = self.lock();
+        let g = state.groups.entry((bus.to_string(), shard)).or_default();
+        g.latest = Some(positions);
+        g.version += 1;
+    }
+
+    fn committed_min(&self, bus: &str, shard: u32) -> Option<Seq> {
         self.lock()
             .groups
-            .entry((bus.to_string(), shard))
-            .or_default()
-            .latest = Some(positions);
+            .get(&(bus.to_string(), shard))?
+            .committed
+            .as_ref()?
+            .min()
     }
 
     fn committed_group(&self, bus: &str, shard: u32) -> Option<GroupPositions> {

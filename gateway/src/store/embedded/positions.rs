@@ -212,6 +212,17 @@ impl PositionStore for EmbeddedPositions {
         }
     }
 
+    fn committed_min(&self, bus: &str, shard: u32) -> Option<Seq> {
+        let key = group_key(bus, shard);
+        let state = self.lock();
+        let group = state.groups.durable.get(&key)?;
+        let own = group.own.values().copied().min();
+        match (group.shared, own) {
+            (Some(s), Some(o)) => Some(s.min(o)),
+            (s, o) => s.or(o),
+        }
+    }
+
     fn committed_group(&self, bus: &str, shard: u32) -> Option<GroupPositions> {
         let key = group_key(bus, shard);
         let state = self.lock();
