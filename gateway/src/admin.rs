@@ -61,7 +61,13 @@ async fn task_action(
     State(state): State<Arc<IngressState>>,
     Path((bus, rule, target, shard, action)): Path<(String, String, String, u32, String)>,
 ) -> Response {
-    act(&state, &format!("{bus}/{rule}/{target}"), Some(shard), &action).await
+    act(
+        &state,
+        &format!("{bus}/{rule}/{target}"),
+        Some(shard),
+        &action,
+    )
+    .await
 }
 
 async fn source_action(

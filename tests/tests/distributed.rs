@@ -739,9 +739,18 @@ async fn admin_actions_on_unknown_connectors_and_tasks_are_404() {
         .await;
     let client = reqwest::Client::new();
     for (path, names) in [
-        ("/admin/connectors/default/nope/delivered/pause", "default/nope/delivered"),
-        ("/admin/connectors/nobus/all-events/delivered/restart", "nobus/all-events/delivered"),
-        ("/admin/tasks/default/all-events/delivered/2/restart", "there is no task 2"),
+        (
+            "/admin/connectors/default/nope/delivered/pause",
+            "default/nope/delivered",
+        ),
+        (
+            "/admin/connectors/nobus/all-events/delivered/restart",
+            "nobus/all-events/delivered",
+        ),
+        (
+            "/admin/tasks/default/all-events/delivered/2/restart",
+            "there is no task 2",
+        ),
         ("/admin/sources/ghost/pause", "source/ghost"),
         ("/admin/sources/ghost/tasks/0/resume", "source/ghost"),
     ] {
@@ -767,11 +776,21 @@ async fn admin_actions_on_unknown_connectors_and_tasks_are_404() {
         .await
         .unwrap();
     for key in &keys {
-        let kind: String = redis::cmd("TYPE").arg(key).query_async(&mut conn).await.unwrap();
+        let kind: String = redis::cmd("TYPE")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         if kind == "hash" {
-            let fields: Vec<String> = redis::cmd("HKEYS").arg(key).query_async(&mut conn).await.unwrap();
+            let fields: Vec<String> = redis::cmd("HKEYS")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
             assert!(
-                !fields.iter().any(|f| f.contains("nope") || f.contains("ghost") || f.contains("nobus")),
+                !fields
+                    .iter()
+                    .any(|f| f.contains("nope") || f.contains("ghost") || f.contains("nobus")),
                 "{key}: {fields:?}"
             );
         }
@@ -814,12 +833,20 @@ async fn replicas_resync_to_the_published_configuration_and_shard_changes_are_re
     loop {
         let got: HashSet<String> = [&a, &b]
             .iter()
-            .flat_map(|r| ids(&sluice_tests::read_jsonl(&r.data_dir().join("second.jsonl"))))
+            .flat_map(|r| {
+                ids(&sluice_tests::read_jsonl(
+                    &r.data_dir().join("second.jsonl"),
+                ))
+            })
             .collect();
         if got == posted {
             break;
         }
-        assert!(Instant::now() < deadline, "{} of 40 through `second`", got.len());
+        assert!(
+            Instant::now() < deadline,
+            "{} of 40 through `second`",
+            got.len()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for r in [&a, &b] {

@@ -334,7 +334,10 @@ fn slow_requests_time_out_and_idle_connections_close() {
     idle.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     let n = idle.read(&mut buf).unwrap_or(0);
-    assert_eq!(n, 0, "server closes the idle connection (within the 10 s read timeout)");
+    assert_eq!(
+        n, 0,
+        "server closes the idle connection (within the 10 s read timeout)"
+    );
     // Nothing of the timed-out request was stored: an event accepted after it is the only
     // one delivered.
     let client = reqwest::Client::new();
@@ -527,7 +530,10 @@ async fn probes_and_graceful_shutdown() {
     for n in 0.. {
         let id = format!("after-restart-{n}");
         let shard = sluice::ingress::shard_of(&id, 4);
-        if markers.iter().all(|m| sluice::ingress::shard_of(m, 4) != shard) {
+        if markers
+            .iter()
+            .all(|m| sluice::ingress::shard_of(m, 4) != shard)
+        {
             markers.push(id);
         }
         if markers.len() == 4 {

@@ -247,7 +247,12 @@ async fn function_target_hop_counter_stops_a_loop() {
             r.iter().any(|x| x.header("ce-id") == Some("after"))
         })
         .await;
-    assert_eq!(got.len(), 5, "{:?}", got.iter().map(|r| r.header("ce-id")).collect::<Vec<_>>());
+    assert_eq!(
+        got.len(),
+        5,
+        "{:?}",
+        got.iter().map(|r| r.header("ce-id")).collect::<Vec<_>>()
+    );
     assert_eq!(got[4].header("ce-id"), Some("after"));
 }
 
@@ -316,6 +321,10 @@ async fn function_target_empty_answer_is_a_plain_success() {
     assert_eq!(replies[0]["id"], "loud-reply");
     let received = function.received();
     let ids: Vec<Option<&str>> = received.iter().map(|r| r.header("ce-id")).collect();
-    assert_eq!(ids, vec![Some("quiet"), Some("loud")], "the empty answer was not retried");
+    assert_eq!(
+        ids,
+        vec![Some("quiet"), Some("loud")],
+        "the empty answer was not retried"
+    );
     assert!(sluice_tests::read_jsonl(&sluice.data_dir().join("dlq.jsonl")).is_empty());
 }

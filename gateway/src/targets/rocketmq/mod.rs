@@ -140,6 +140,9 @@ impl RocketMqConfig {
     }
 }
 
+/// How long starting the producer may take before the attempt is given up.
+const PRODUCER_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// The one RocketMQ client runtime of the process (it owns its own Tokio runtime, as the
 /// client requires). Created on first use and kept for the life of the process.
 struct Client {
@@ -464,9 +467,21 @@ impl RocketMqTarget {
                     .retry_times_when_send_failed(0)
                     .retry_times_when_send_async_failed(0)
                     .build();
-                producer.start().await.map_err(|e| {
-                    TargetError::retryable(format!("cannot start the RocketMQ producer: {e}"))
-                })?;
+                // A start that never returns (seen once under load in the client's set-up)
+                // must not park the target for good: give up and start afresh next time.
+                match tokio::time::timeout(PRODUCER_START_TIMEOUT, producer.start()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        return Err(TargetError::retryable(format!(
+                            "cannot start the RocketMQ producer: {e}"
+                        )))
+                    }
+                    Err(_) => {
+                        return Err(TargetError::retryable(format!(
+                            "the RocketMQ producer did not start within {PRODUCER_START_TIMEOUT:?}"
+                        )))
+                    }
+                }
                 Ok(Arc::new(producer))
             })
             .await
