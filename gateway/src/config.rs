@@ -198,7 +198,7 @@ impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
             segment_bytes: 64 * 1024 * 1024,
-            cache_bytes: 8 * 1024 * 1024,
+            cache_bytes: 4 * 1024 * 1024,
         }
     }
 }

@@ -222,6 +222,10 @@ async fn post_events(
         // Accept exactly what delivery can read: anything else would stall its shard.
         cloudevent::check_stored(&bytes)?;
         let shard = shard_of(&cloudevent::partition_key(&event), shards);
+        // The store's tail cache keeps these bytes and counts their length: no spare
+        // capacity from the encoder's growth may ride along.
+        let mut bytes = bytes;
+        bytes.shrink_to_fit();
         Ok((
             cloudevents::AttributesReader::id(&event).to_string(),
             Bytes::from(bytes),
