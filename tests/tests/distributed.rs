@@ -13,6 +13,22 @@ use sluice::store::PositionStore;
 use sluice_tests::receiver::{Receiver, Reply};
 use sluice_tests::{ids, post_spread, shared_redis, RedisServer, Sluice};
 
+/// Waits until the tasks are spread over two workers.
+async fn wait_both_run_tasks(a: &Sluice) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while a
+        .running_tasks()
+        .await
+        .values()
+        .collect::<HashSet<_>>()
+        .len()
+        != 2
+    {
+        assert!(Instant::now() < deadline, "both workers never ran tasks");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Waits until every acknowledged id shows up in some replica's delivered file, then
 /// returns (delivered lines, distinct ids).
 async fn wait_all_delivered(replicas: &[&Sluice], acked: &HashSet<String>) -> (usize, usize) {
@@ -114,18 +130,7 @@ async fn a_paused_worker_does_not_deliver_once_its_tasks_moved() {
     let a = start().await;
     let b = start().await;
     a.wait_members(2).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while a
-        .running_tasks()
-        .await
-        .values()
-        .collect::<HashSet<_>>()
-        .len()
-        != 2
-    {
-        assert!(Instant::now() < deadline, "both workers never ran tasks");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_both_run_tasks(&a).await;
     let during = post_spread(&[a.events_url(), b.events_url()], "during", 120).await;
     assert_eq!(during.len(), 120);
     // Every lane has a request in flight (100 ms each, 120 events over 4 shards): freeze b.
@@ -696,18 +701,7 @@ async fn sigterm_hands_tasks_over_without_sending_anything_twice() {
     let a = Sluice::builder().distributed(&url, &prefix).start().await;
     let mut b = Sluice::builder().distributed(&url, &prefix).start().await;
     a.wait_members(2).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while a
-        .running_tasks()
-        .await
-        .values()
-        .collect::<HashSet<_>>()
-        .len()
-        != 2
-    {
-        assert!(Instant::now() < deadline, "both workers never ran tasks");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_both_run_tasks(&a).await;
     let before: HashSet<String> = post_spread(&[a.events_url(), b.events_url()], "before", 200)
         .await
         .into_iter()
