@@ -409,6 +409,57 @@ impl Sluice {
         }
     }
 
+    /// Waits until exactly `count` statuses have ids starting with `prefix`, all in
+    /// `state` (`PAUSED`, `RUNNING`, ...).
+    pub async fn wait_states(&self, prefix: &str, state: &str, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let view = self.cluster_view().await;
+            let states: Vec<&str> = view["statuses"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .filter(|s| s["id"].as_str().is_some_and(|id| id.starts_with(prefix)))
+                .filter_map(|s| s["state"].as_str())
+                .collect();
+            if states.len() == count && states.iter().all(|s| *s == state) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{prefix}*: {states:?}, not {count} {state}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until `tasks` leased tasks run, each on one of `members` live workers.
+    pub async fn wait_tasks_settled(&self, tasks: usize, members: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let running = self.running_tasks().await;
+            let live: std::collections::HashSet<String> = self.cluster_view().await["members"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|m| m.as_str().map(str::to_string))
+                .collect();
+            if live.len() == members
+                && running.len() == tasks
+                && running.values().all(|w| live.contains(w))
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tasks did not settle: {running:?} over {live:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Task id → worker, for the leased tasks (`bus/{bus}#{shard}`, `source/{name}#{i}`)
     /// reported RUNNING.
     pub async fn running_tasks(&self) -> std::collections::BTreeMap<String, String> {

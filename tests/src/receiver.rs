@@ -59,6 +59,14 @@ impl Received {
     }
 }
 
+/// The event ids (`ce-id`) of binary-mode requests, in arrival order.
+pub fn event_ids(received: &[Received]) -> Vec<String> {
+    received
+        .iter()
+        .filter_map(|r| r.header("ce-id").map(str::to_string))
+        .collect()
+}
+
 #[derive(Default)]
 struct State {
     script: VecDeque<Reply>,

@@ -4,16 +4,8 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sluice_tests::receiver::{Received, Receiver, Reply};
+use sluice_tests::receiver::{event_ids, Receiver, Reply};
 use sluice_tests::{ids, post, post_batch, Sluice};
-
-/// The event ids of binary-mode requests, in arrival order.
-fn event_ids(received: &[Received]) -> Vec<String> {
-    received
-        .iter()
-        .filter_map(|r| r.header("ce-id").map(str::to_string))
-        .collect()
-}
 
 /// `got` is a prefix of `posted` within each shard: nothing skipped, nothing reordered
 /// (retries of the request at the head may repeat it).

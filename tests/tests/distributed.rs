@@ -10,7 +10,7 @@ use sluice::runtime::cluster::Cluster;
 use sluice::runtime::rebalance::{assign, Strategy};
 use sluice::store::redis::{ClusterOptions, Redis, RedisCluster, RedisPositions};
 use sluice::store::PositionStore;
-use sluice_tests::receiver::{Receiver, Reply};
+use sluice_tests::receiver::{event_ids, Receiver, Reply};
 use sluice_tests::{ids, post_spread, shared_redis, RedisServer, Sluice};
 
 /// Waits until the tasks are spread over two workers.
@@ -88,24 +88,7 @@ async fn three_replicas_deliver_every_event_through_a_kill_and_a_join() {
     sluice_tests::assert_duplicates_from_kill(&all, &ids(&b.delivered()), 150);
     // Once converged, every task runs on exactly one live worker.
     a.wait_members(3).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let running = a.running_tasks().await;
-        let live: HashSet<String> = a.cluster_view().await["members"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m.as_str().unwrap().to_string())
-            .collect();
-        if running.len() == 4 && running.values().all(|w| live.contains(w)) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "tasks did not settle: {running:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    a.wait_tasks_settled(4, 3).await;
 }
 
 /// A worker frozen (SIGSTOP) with requests in flight loses its tasks; when it wakes it must
@@ -180,14 +163,6 @@ async fn a_paused_worker_does_not_deliver_once_its_tasks_moved() {
         "sent twice though not in flight at the freeze (the stale worker delivered): {twice:?}"
     );
     assert!(!b.log().contains("panicked"), "{}", b.log());
-}
-
-/// The event ids of binary-mode requests, in arrival order.
-fn event_ids(received: &[sluice_tests::receiver::Received]) -> Vec<String> {
-    received
-        .iter()
-        .filter_map(|r| r.header("ce-id").map(str::to_string))
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -454,21 +429,7 @@ async fn pause_resume_and_restart_a_connector_from_any_replica() {
         act(&b, "pause").await.unwrap().status(),
         StatusCode::ACCEPTED
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let view = a.cluster_view().await;
-        let paused = view["statuses"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| s["id"].as_str().unwrap().starts_with(connector) && s["state"] == "PAUSED")
-            .count();
-        if paused == 3 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "not paused: {view}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    a.wait_states(connector, "PAUSED", 3).await;
     let held: HashSet<String> = post_spread(&[a.events_url(), b.events_url()], "held", 30)
         .await
         .into_iter()
@@ -583,20 +544,7 @@ async fn streams_are_trimmed_once_every_subscription_passed() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::ACCEPTED);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let view = sluice.cluster_view().await;
-        if view["statuses"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|s| s["id"] == "default/copy/f#0" && s["state"] == "PAUSED")
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "not paused: {view}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    sluice.wait_states("default/copy/f#", "PAUSED", 1).await;
     let posted = post_spread(&[sluice.events_url()], "trim", 200).await;
     assert_eq!(posted.len(), 200);
     let acked: HashSet<String> = posted.iter().cloned().collect();

@@ -367,31 +367,9 @@ async fn admin(sluice: &Sluice, path: &str) {
     assert_eq!(r.status().as_u16(), 202, "{path}");
 }
 
-/// Waits until every lane of the connector has the state.
+/// Waits until every lane (4 shards) of the connector has the state.
 async fn wait_lane_state(sluice: &Sluice, connector: &str, state: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let view = sluice.cluster_view().await;
-        let states: Vec<String> = view["statuses"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| {
-                s["id"]
-                    .as_str()
-                    .is_some_and(|id| id.starts_with(&format!("{connector}#")))
-            })
-            .map(|s| s["state"].as_str().unwrap().to_string())
-            .collect();
-        if states.len() == 4 && states.iter().all(|s| s == state) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{connector} lanes are {states:?}, not {state}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    sluice.wait_states(&format!("{connector}#"), state, 4).await;
 }
 
 /// `got` holds exactly `want`'s ids, and in `want`'s order within each shard (events
@@ -521,7 +499,8 @@ async fn a_replica_kill_with_a_thousand_rules_loses_nothing() {
     a.wait_members(2).await;
     let client = reqwest::Client::new();
     let mut acked = HashSet::new();
-    for (round, target) in [(0, &a), (1, &b), (2, &a), (3, &b)] {
+    // Round r: 250 events with ids `e{r}-{n}`, each for one rule, in batches of 100.
+    let post_round = |round: usize, target: &Sluice, acked: &mut HashSet<String>| {
         let events: Vec<Value> = (0..250)
             .map(|n| {
                 let id = format!("e{round}-{n}");
@@ -529,24 +508,22 @@ async fn a_replica_kill_with_a_thousand_rules_loses_nothing() {
                 typed_event(&id, &format!("t{}", (round * 250 + n) % 1000))
             })
             .collect();
-        for chunk in events.chunks(100) {
-            post_batch(&client, &target.events_url(), chunk.to_vec()).await;
+        let url = target.events_url();
+        let client = client.clone();
+        async move {
+            for chunk in events.chunks(100) {
+                post_batch(&client, &url, chunk.to_vec()).await;
+            }
         }
+    };
+    for (round, target) in [(0, &a), (1, &b), (2, &a), (3, &b)] {
+        post_round(round, target, &mut acked).await;
     }
     b.kill9();
     let c = start().await;
     for round in 4..8 {
         let target = if round % 2 == 0 { &a } else { &c };
-        let events: Vec<Value> = (0..250)
-            .map(|n| {
-                let id = format!("e{round}-{n}");
-                acked.insert(id.clone());
-                typed_event(&id, &format!("t{}", (round * 250 + n) % 1000))
-            })
-            .collect();
-        for chunk in events.chunks(100) {
-            post_batch(&client, &target.events_url(), chunk.to_vec()).await;
-        }
+        post_round(round, target, &mut acked).await;
     }
     let deadline = Instant::now() + Duration::from_secs(90);
     let (lines, distinct) = loop {
@@ -580,24 +557,7 @@ async fn a_replica_kill_with_a_thousand_rules_loses_nothing() {
     let from_b = ids(&read_jsonl(&b.data_dir().join("rules.jsonl")));
     sluice_tests::assert_duplicates_from_kill(&all, &from_b, 500);
     // Every shard task runs on exactly one live worker.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let running = a.running_tasks().await;
-        let live: HashSet<String> = a.cluster_view().await["members"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m.as_str().unwrap().to_string())
-            .collect();
-        if live.len() == 2 && running.len() == 4 && running.values().all(|w| live.contains(w)) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "tasks did not settle: {running:?} over {live:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    a.wait_tasks_settled(4, 2).await;
 }
 
 /// Stores `toml` as the cluster's configuration the way a replica publishes its own: a new

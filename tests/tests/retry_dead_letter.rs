@@ -169,22 +169,7 @@ async fn dead_letter_to_a_target_and_max_event_age() {
         .await
         .unwrap();
     assert_eq!(pause.status().as_u16(), 202);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let view = sluice.cluster_view().await;
-        let paused = view["statuses"].as_array().unwrap().iter().any(|s| {
-            s["id"]
-                .as_str()
-                .unwrap_or("")
-                .starts_with("default/hook/hook#")
-                && s["state"] == "PAUSED"
-        });
-        if paused {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{view}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    sluice.wait_states("default/hook/hook#", "PAUSED", 4).await;
     post(&client, &sluice.events_url(), "old", "{}").await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert!(receiver.received().is_empty(), "paused: nothing sent");
