@@ -766,6 +766,9 @@ async fn replicas_resync_to_the_published_configuration_and_shard_changes_are_re
         assert!(Instant::now() < deadline, "a never resynced:\n{}", a.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The new rule starts at the end of each shard once its lane exists there: post only
+    // after every shard runs it.
+    a.wait_states("default/second/f#", "RUNNING", 4).await;
     let posted: HashSet<String> = post_spread(&[a.events_url(), b.events_url()], "r", 40)
         .await
         .into_iter()
