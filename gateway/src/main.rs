@@ -171,7 +171,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .thread_name("sluice")
                 .build()
                 .context("cannot start the async runtime")?;
-            runtime.block_on(sluice::app::run(config, shutdown_signal()))?;
+            runtime.block_on(async {
+                survive_file_size_limit();
+                sluice::app::run(config, shutdown_signal()).await
+            })?;
             Ok(())
         }
     }
@@ -190,6 +193,27 @@ fn init_logging(config: &Config) -> anyhow::Result<()> {
         LogFormat::Json => builder.json().init(),
     }
     Ok(())
+}
+
+/// Under a file-size limit (`ulimit -f`, a container's) the kernel answers a write past it
+/// with SIGXFSZ, whose default action kills the process and drops every request in flight.
+/// With a handler installed the write fails with `EFBIG` instead: the store reports it
+/// (readiness fails, the requests get 503) and takes writes again once there is room.
+fn survive_file_size_limit() {
+    use tokio::signal::unix::{signal, SignalKind};
+    // SIGXFSZ is 25 on x86, ARM, RISC-V and POWER Linux (31 on MIPS and SPARC).
+    #[cfg(any(target_arch = "mips", target_arch = "mips64", target_arch = "sparc64"))]
+    const SIGXFSZ: i32 = 31;
+    #[cfg(not(any(target_arch = "mips", target_arch = "mips64", target_arch = "sparc64")))]
+    const SIGXFSZ: i32 = 25;
+    match signal(SignalKind::from_raw(SIGXFSZ)) {
+        Ok(mut signals) => {
+            tokio::spawn(async move { while signals.recv().await.is_some() {} });
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot handle SIGXFSZ; a file-size limit will kill the process")
+        }
+    }
 }
 
 async fn shutdown_signal() {

@@ -164,18 +164,30 @@ async fn ready(State(state): State<Arc<IngressState>>) -> Response {
             .into_response();
     }
     let failed = failed_buses(&state);
-    if failed.is_empty() {
-        Json(json!({"status": "ready"})).into_response()
-    } else {
-        Problem::unavailable(
+    if !failed.is_empty() {
+        return Problem::unavailable(
             format!(
                 "the store cannot take writes for bus(es): {}",
                 failed.join(", ")
             ),
             5,
         )
-        .into_response()
+        .into_response();
     }
+    let mut problems: Vec<String> = state
+        .buses()
+        .iter()
+        .filter_map(|(name, log)| log.write_problem().map(|p| format!("bus `{name}`: {p}")))
+        .collect();
+    if !problems.is_empty() {
+        problems.sort();
+        return Problem::unavailable(
+            format!("the store's writes are failing: {}", problems.join("; ")),
+            5,
+        )
+        .into_response();
+    }
+    Json(json!({"status": "ready"})).into_response()
 }
 
 /// One entry of a request: a parsed event or the reason it was refused.
@@ -375,6 +387,7 @@ fn event_problem(e: EventError) -> Problem {
 fn store_problem(e: &StoreError) -> Problem {
     match e {
         StoreError::Busy(m) => Problem::unavailable(m.clone(), 1),
+        StoreError::TooLarge(m) => Problem::too_large("limits.max_event_bytes", m.clone()),
         StoreError::Unavailable(m) | StoreError::Corrupt(m) => Problem::unavailable(
             format!("the event could not be stored ({m}); nothing was kept"),
             5,

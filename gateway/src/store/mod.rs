@@ -28,6 +28,26 @@ pub enum StoreError {
     /// Stored data did not read back as written.
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// A record over [`MAX_RECORD_BYTES`]; retrying cannot help.
+    #[error("{0}")]
+    TooLarge(String),
+}
+
+/// The largest record any store takes. Every path that writes to a bus (ingress, function
+/// replies, the bus target, dead letters) is held to it, so whatever is acknowledged can be
+/// read back; `limits.max_event_bytes` is bounded well below it (data may grow by a third
+/// when stored as base64).
+pub const MAX_RECORD_BYTES: usize = 16 * 1024 * 1024;
+
+/// Refuses the appends that hold a record over [`MAX_RECORD_BYTES`].
+pub fn check_record_sizes(append: &ShardAppend) -> Result<(), StoreError> {
+    match append.records.iter().find(|r| r.len() > MAX_RECORD_BYTES) {
+        Some(r) => Err(StoreError::TooLarge(format!(
+            "a record of {} bytes is over the store's limit of {MAX_RECORD_BYTES} bytes",
+            r.len()
+        ))),
+        None => Ok(()),
+    }
 }
 
 impl StoreError {
@@ -73,8 +93,15 @@ pub trait BusLog: Send + Sync + 'static {
     /// Records below `seq` are no longer needed by anyone and may be deleted.
     async fn release(&self, shard: u32, seq: Seq) -> Result<(), StoreError>;
 
-    /// Whether the log can take writes now.
+    /// False once the log is fenced (a flush failed): it takes no writes until a restart
+    /// re-verifies it. Liveness reports it, so an orchestrator restarts the process.
     fn healthy(&self) -> bool;
+
+    /// Why writes are failing now (no space left, file too large), while they fail; the
+    /// log is not fenced and the first write that succeeds clears it. Readiness reports it.
+    fn write_problem(&self) -> Option<String> {
+        None
+    }
 }
 
 #[async_trait]

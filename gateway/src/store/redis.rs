@@ -182,6 +182,10 @@ impl BusLog for RedisLog {
                 ))));
                 continue;
             }
+            if let Err(e) = crate::store::check_record_sizes(&append) {
+                results.push(Err(e));
+                continue;
+            }
             let mut invocation = self.append.prepare_invoke();
             invocation
                 .key(self.stream(append.shard))

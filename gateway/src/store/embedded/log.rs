@@ -25,6 +25,8 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{BufReader, ErrorKind, Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+#[cfg(test)]
+use std::sync::atomic::AtomicU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -88,7 +90,27 @@ pub struct EmbeddedLog {
     bus: String,
     shards: Vec<Shard>,
     options: LogOptions,
+    /// False once a flush failed (or the log closed): the log is fenced, it takes no writes
+    /// and publishes nothing more until a restart has re-verified its segments.
     healthy: AtomicBool,
+    /// Why the last write failed (no space, file too large), while it keeps failing: the log
+    /// is not fenced, every write is tried again, and the first to succeed clears this.
+    write_problem: Mutex<Option<String>>,
+    /// Test-only fault injection: the next `n` data flushes fail with an I/O error.
+    #[cfg(test)]
+    fail_syncs: Arc<AtomicU32>,
+}
+
+/// `fdatasync`, or the injected failure of a test.
+fn sync_data(file: &File, #[cfg(test)] fail: &AtomicU32) -> std::io::Result<()> {
+    #[cfg(test)]
+    if fail
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        return Err(std::io::Error::other("injected fsync failure"));
+    }
+    file.sync_data()
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -134,7 +156,40 @@ impl EmbeddedLog {
             shards: handles,
             options: options.clone(),
             healthy: AtomicBool::new(true),
+            write_problem: Mutex::new(None),
+            #[cfg(test)]
+            fail_syncs: Arc::new(AtomicU32::new(0)),
         })
+    }
+
+    /// Fences the log after a failure that may have lost acknowledged-to-be data.
+    fn fence(&self, what: &str, e: &std::io::Error) -> StoreError {
+        if self.healthy.swap(false, Ordering::SeqCst) {
+            tracing::error!(
+                bus = %self.bus,
+                error = %e,
+                "{what} failed; the log takes no more writes (liveness fails) until a restart re-verifies it"
+            );
+        }
+        StoreError::io(&format!("{what} failed"), e)
+    }
+
+    fn fenced() -> StoreError {
+        StoreError::Unavailable(
+            "an earlier flush of the log failed; it takes no writes until a restart re-verifies it"
+                .to_string(),
+        )
+    }
+
+    /// Remembers (and logs once) why writes fail, for readiness.
+    fn write_failed(&self, what: &str, e: &std::io::Error) -> StoreError {
+        let problem = format!("{what} failed: {e}");
+        let mut current = lock(&self.write_problem);
+        if current.as_deref() != Some(problem.as_str()) {
+            tracing::error!(bus = %self.bus, "{problem}; the log is not ready until a write succeeds");
+            *current = Some(problem);
+        }
+        StoreError::io(&format!("{what} failed"), e)
     }
 
     fn shard(&self, shard: u32) -> Result<&Shard, StoreError> {
@@ -166,10 +221,8 @@ impl EmbeddedLog {
     /// Writes one shard's records; returns (first seq, end seq). Visible to nobody yet.
     fn write(&self, shard: &Shard, records: &[Bytes]) -> Result<(Seq, Seq), StoreError> {
         let mut active = lock(&shard.active);
-        if !self.healthy.load(Ordering::Relaxed) {
-            return Err(StoreError::Unavailable(
-                "an earlier flush failed; restart to recover".to_string(),
-            ));
+        if !self.healthy.load(Ordering::SeqCst) {
+            return Err(Self::fenced());
         }
         let active = &mut *active;
         let first = active.next_seq;
@@ -181,7 +234,7 @@ impl EmbeddedLog {
         if self.options.durability == Durability::Fsync && needed > active.allocated {
             let target = needed.max(active.allocated + PREALLOCATE);
             zero_fill(&active.file, active.allocated, target)
-                .map_err(|e| StoreError::io("extending the log failed", &e))?;
+                .map_err(|e| self.write_failed("extending the log", &e))?;
             active.allocated = target;
         }
         if let Err(e) = active.file.write_all_at(&active.buf, active.file_len) {
@@ -189,11 +242,10 @@ impl EmbeddedLog {
             // it off now so no half record can ever be followed by good ones.
             if active.allocated <= active.file_len {
                 if let Err(t) = active.file.set_len(active.file_len) {
-                    tracing::error!(error = %t, "cannot undo a failed write; the log stops taking writes");
-                    self.healthy.store(false, Ordering::Relaxed);
+                    return Err(self.fence("undoing a failed write", &t));
                 }
             }
-            return Err(StoreError::io("writing the log failed", &e));
+            return Err(self.write_failed("writing the log", &e));
         }
         active.file_len += active.buf.len() as u64;
         active.allocated = active.allocated.max(active.file_len);
@@ -213,30 +265,55 @@ impl EmbeddedLog {
                 cache.first = seq + 1;
             }
         }
+        if lock(&self.write_problem).take().is_some() {
+            tracing::info!(bus = %self.bus, "the log takes writes again");
+        }
         if active.file_len >= self.options.segment_bytes {
-            if let Err(e) = self.roll(shard, active) {
-                tracing::error!(error = %e, "cannot start a new log segment; writing on in the current one");
-            }
+            self.roll(shard, active)?;
         }
         Ok((first, end))
     }
 
-    fn roll(&self, shard: &Shard, active: &mut Active) -> std::io::Result<()> {
+    /// Starts a new segment, in an order a crash at any point recovers from: the old
+    /// segment is finished first (cut to its last record and flushed), and only then is the
+    /// new one created and its directory entry flushed. A crash before the new file exists
+    /// leaves a complete old segment; a crash after leaves an empty newest segment that
+    /// starts right where the old one ends. A failure to finish the old segment fences the
+    /// log (its records may not be on disk); a failure to create the new one keeps writing
+    /// in the old one, with no new file left behind.
+    fn roll(&self, shard: &Shard, active: &mut Active) -> Result<(), StoreError> {
+        // Done with both durabilities: a segment whose end is not on disk before its
+        // successor exists is what recovery could not tell from lost records.
+        active
+            .file
+            .set_len(active.file_len)
+            .and_then(|()| {
+                sync_data(
+                    &active.file,
+                    #[cfg(test)]
+                    &self.fail_syncs,
+                )
+            })
+            .map_err(|e| self.fence("finishing a log segment", &e))?;
+        active.allocated = active.file_len;
         let path = segment_path(&shard.dir, active.next_seq);
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
+        let file = match OpenOptions::new()
+            .create_new(true)
             .read(true)
             .write(true)
-            .open(&path)?;
-        // A finished segment ends at its last record (readers move on at its end of file).
-        active.file.set_len(active.file_len)?;
-        // The old segment's records may not be flushed yet; later flushes only see the new
-        // file, so flush the old one now (rare: once per segment).
-        if self.options.durability == Durability::Fsync {
-            active.file.sync_data()?;
-            sync_dir(&shard.dir)?;
-        }
+            .open(&path)
+        {
+            Ok(file) => file,
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %e, "cannot start a new log segment; writing on in the current one");
+                if e.kind() != ErrorKind::AlreadyExists {
+                    let _ = fs::remove_file(&path);
+                }
+                return Ok(());
+            }
+        };
+        sync_dir(&shard.dir)
+            .map_err(|e| self.fence("flushing a new segment's directory entry", &e))?;
         active.file = Arc::new(file);
         active.file_len = 0;
         active.allocated = 0;
@@ -253,19 +330,31 @@ impl EmbeddedLog {
         if *shard.tail.borrow() >= end {
             return Ok(());
         }
+        // The appenders queued behind a leader whose flush failed must fail too: flushing
+        // the same file again can report success (Linux clears the error once reported)
+        // while their records are gone from the page cache.
+        if !self.healthy.load(Ordering::SeqCst) {
+            return Err(Self::fenced());
+        }
         let (file, upto) = {
             let active = lock(&shard.active);
             (active.file.clone(), active.next_seq)
         };
-        let result = tokio::task::spawn_blocking(move || file.sync_data())
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("flush task failed: {e}")))?;
+        #[cfg(test)]
+        let fail = self.fail_syncs.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            sync_data(
+                &file,
+                #[cfg(test)]
+                &fail,
+            )
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("flush task failed: {e}")))?;
         if let Err(e) = result {
             // After a failed fsync the page cache may not match the disk: stop taking
             // writes rather than acknowledge something that may be gone.
-            tracing::error!(error = %e, "fsync of the log failed; the log stops taking writes");
-            self.healthy.store(false, Ordering::Relaxed);
-            return Err(StoreError::io("flushing the log failed", &e));
+            return Err(self.fence("flushing the log", &e));
         }
         publish(shard, upto);
         Ok(())
@@ -295,6 +384,7 @@ impl BusLog for EmbeddedLog {
             .iter()
             .map(|append| {
                 let shard = self.shard(append.shard)?;
+                crate::store::check_record_sizes(append)?;
                 self.write(shard, &append.records).map(|seqs| (shard, seqs))
             })
             .collect();
@@ -366,7 +456,11 @@ impl BusLog for EmbeddedLog {
     }
 
     fn healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
+        self.healthy.load(Ordering::SeqCst)
+    }
+
+    fn write_problem(&self) -> Option<String> {
+        lock(&self.write_problem).clone()
     }
 }
 
@@ -403,20 +497,65 @@ fn recover(dir: &Path) -> Result<Recovered, StoreError> {
         }
     }
     bases.sort_unstable();
+    // Every segment a reader may still need is verified, not only the newest: (records,
+    // bytes they span) of each.
+    let mut scans = Vec::with_capacity(bases.len());
+    for base in &bases {
+        let path = segment_path(dir, *base);
+        let scanned = File::open(&path).and_then(|mut file| scan(&mut file, *base));
+        scans.push(
+            scanned.map_err(|e| StoreError::io(&format!("cannot read {}", path.display()), &e))?,
+        );
+    }
+    // An empty newest segment whose predecessor goes on past its base is the leftover of
+    // a roll that failed half-way (older versions created the new file first): it is not
+    // a segment, and keeping it would let `release` delete the records it claims to start.
+    while bases.len() >= 2 {
+        let last = bases.len() - 1;
+        if scans[last].0 != 0 || bases[last - 1] + scans[last - 1].0 <= bases[last] {
+            break;
+        }
+        let path = segment_path(dir, bases[last]);
+        tracing::warn!(path = %path.display(), "removing an empty segment left by a failed roll");
+        fs::remove_file(&path)
+            .map_err(|e| StoreError::io(&format!("cannot remove {}", path.display()), &e))?;
+        bases.pop();
+        scans.pop();
+    }
+    for i in 1..bases.len() {
+        let (base, next) = (bases[i - 1], bases[i]);
+        let end = base + scans[i - 1].0;
+        if end < next {
+            // Records that were durable before their successor existed do not vanish on
+            // their own: the disk lost or damaged them. Say which; readers skip them.
+            tracing::error!(
+                path = %segment_path(dir, base).display(),
+                lost_from = end,
+                lost_to = next,
+                "a log segment is damaged: records from `lost_from` up to `lost_to` cannot be read and will be skipped"
+            );
+        } else if end > next {
+            tracing::error!(
+                path = %segment_path(dir, base).display(),
+                next_segment = next,
+                "a log segment goes on past the start of the next one; readers follow the next segment"
+            );
+        }
+    }
     if bases.is_empty() {
         bases.push(0);
+        scans.push((0, 0));
     }
-    let base = bases[bases.len() - 1];
+    let last = bases.len() - 1;
+    let (base, (count, valid_len)) = (bases[last], scans[last]);
     let path = segment_path(dir, base);
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
         .write(true)
         .open(&path)
         .map_err(|e| StoreError::io(&format!("cannot open {}", path.display()), &e))?;
-    let (count, valid_len) = scan(&mut file, base)
-        .map_err(|e| StoreError::io(&format!("cannot read {}", path.display()), &e))?;
     let len = file
         .metadata()
         .map_err(|e| StoreError::io("cannot stat a segment", &e))?
@@ -647,15 +786,41 @@ impl ReadState {
     fn skip_to(&mut self, target: Seq) -> Result<(), StoreError> {
         while self.next < target {
             let mut header = [0u8; HEADER];
-            self.file
-                .read_exact(&mut header)
-                .map_err(|e| StoreError::Corrupt(format!("seeking to record {target}: {e}")))?;
-            let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
-            self.file
-                .seek_relative(i64::from(len))
-                .map_err(|e| StoreError::io("seeking in a segment", &e))?;
-            self.next += 1;
+            let skipped = self.file.read_exact(&mut header).and_then(|()| {
+                let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+                self.file.seek_relative(i64::from(len))
+            });
+            match skipped {
+                Err(e) if damaged(&e) => self.skip_lost(&e.to_string())?,
+                Err(e) => return Err(StoreError::io("seeking in a segment", &e)),
+                Ok(()) => self.next += 1,
+            }
         }
+        Ok(())
+    }
+
+    /// The records from `next` to the end of its segment cannot be read (recovery logged
+    /// the damage): goes on at the next segment, if there is one, so one damaged segment
+    /// cannot stall a subscription forever. Within the newest segment it is an error.
+    fn skip_lost(&mut self, why: &str) -> Result<(), StoreError> {
+        let next_base = self
+            .segments
+            .lock()
+            .map_err(poisoned)?
+            .iter()
+            .copied()
+            .find(|b| *b > self.next);
+        let Some(next_base) = next_base else {
+            return Err(StoreError::Corrupt(format!("record {}: {why}", self.next)));
+        };
+        tracing::error!(
+            lost_from = self.next,
+            lost_to = next_base,
+            reason = why,
+            "skipping records a damaged log segment lost"
+        );
+        self.file = open_segment(&self.dir, next_base)?;
+        self.next = next_base;
         Ok(())
     }
 
@@ -671,27 +836,28 @@ impl ReadState {
                     self.next += 1;
                 }
                 Ok(Some(seq)) => {
-                    return Err(StoreError::Corrupt(format!(
-                        "expected record {} but found {seq}",
-                        self.next
-                    )))
+                    self.skip_lost(&format!("found record {seq} in its place"))?;
                 }
                 // The end of a segment below the tail: the next segment starts here.
                 Ok(None) => {
                     let next_segment = self.segments.lock().map_err(poisoned)?.contains(&self.next);
-                    if !next_segment {
-                        return Err(StoreError::Corrupt(format!(
-                            "record {} is missing from the log",
-                            self.next
-                        )));
+                    if next_segment {
+                        self.file = open_segment(&self.dir, self.next)?;
+                    } else {
+                        self.skip_lost("the segment ends before it")?;
                     }
-                    self.file = open_segment(&self.dir, self.next)?;
                 }
-                Err(e) => return Err(StoreError::Corrupt(format!("record {}: {e}", self.next))),
+                Err(e) if damaged(&e) => self.skip_lost(&e.to_string())?,
+                Err(e) => return Err(StoreError::io("reading a segment", &e)),
             }
         }
         Ok(records)
     }
+}
+
+/// A record that does not check out (as opposed to a failing read).
+fn damaged(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::InvalidData | ErrorKind::UnexpectedEof)
 }
 
 fn open_segment(dir: &Path, base: Seq) -> Result<BufReader<File>, StoreError> {
@@ -731,9 +897,10 @@ impl ShardReader for EmbeddedReader {
                 .map_err(|e| StoreError::Unavailable(format!("reader task failed: {e}")))??
             }
         };
+        // Up to the tail, not `limit`: skipping a damaged stretch moves past `next + max`.
         let (state, result) = tokio::task::spawn_blocking(move || {
             let mut state = state;
-            let result = state.read(max, limit);
+            let result = state.read(max, tail);
             (state, result)
         })
         .await
@@ -954,5 +1121,173 @@ mod tests {
                 "each producer's order is kept"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_failed_flush_fails_every_waiting_appender_and_fences_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let log =
+            std::sync::Arc::new(EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap());
+        log.fail_syncs.store(1, Ordering::SeqCst);
+        let mut tasks = Vec::new();
+        for t in 0..8 {
+            let log = log.clone();
+            tasks.push(tokio::spawn(async move {
+                log.append(vec![append(0, &[&format!("{t}")])])
+                    .await
+                    .remove(0)
+            }));
+        }
+        let mut failed = 0;
+        for t in tasks {
+            if t.await.unwrap().is_err() {
+                failed += 1;
+            }
+        }
+        // Only one flush failed; a second flush of the same file succeeds on Linux, which
+        // is exactly why the appenders queued behind the failed one must not try again.
+        assert_eq!(log.fail_syncs.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            failed, 8,
+            "every appender waiting on the failed flush fails"
+        );
+        assert_eq!(*log.tail(0).borrow(), 0, "nothing was published to readers");
+        assert!(!log.healthy());
+        let err = log.append(vec![append(0, &["later"])]).await.remove(0);
+        assert!(err.unwrap_err().to_string().contains("restart"));
+        drop(log);
+        // A restart re-verifies the segment: what made it to disk is kept (never
+        // acknowledged, so delivering it is at-least-once, not a lie).
+        let log = EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap();
+        assert!(log.healthy());
+        log.append(vec![append(0, &["after restart"])]).await[0]
+            .as_ref()
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_roll_that_cannot_finish_the_old_segment_fences_and_creates_no_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EmbeddedLog::open("b", dir.path(), 1, &options(64)).unwrap();
+        log.append(vec![append(0, &["first"])]).await[0]
+            .as_ref()
+            .unwrap();
+        log.fail_syncs.store(1, Ordering::SeqCst);
+        // 16 bytes of header each: this append crosses 64 bytes and rolls.
+        let result = log
+            .append(vec![append(0, &["second-record-x", "third-record-xx"])])
+            .await;
+        assert!(result[0].is_err(), "{result:?}");
+        assert!(!log.healthy());
+        let files = fs::read_dir(dir.path().join("shard-0")).unwrap().count();
+        assert_eq!(
+            files, 1,
+            "no new segment exists before the old one is finished"
+        );
+        drop(log);
+        let log = EmbeddedLog::open("b", dir.path(), 1, &options(64)).unwrap();
+        assert_eq!(read_all(&log, 0, 0).await.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn recovery_drops_an_empty_segment_left_by_a_failed_roll() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let log = EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap();
+            log.append(vec![append(0, &["one", "two", "three"])]).await[0]
+                .as_ref()
+                .unwrap();
+            log.close().await;
+        }
+        // What the old roll order could leave: the next segment created (at record 1) while
+        // records went on into the old one.
+        let shard = dir.path().join("shard-0");
+        File::create(segment_path(&shard, 1)).unwrap();
+        let log = EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap();
+        assert_eq!(*log.tail(0).borrow(), 3);
+        assert!(!segment_path(&shard, 1).exists());
+        // With the bogus segment kept, this release would delete records 1 and 2.
+        log.release(0, 2).await.unwrap();
+        assert_eq!(read_all(&log, 0, 1).await.len(), 2);
+        log.append(vec![append(0, &["four"])]).await[0]
+            .as_ref()
+            .unwrap();
+        assert_eq!(read_all(&log, 0, 0).await.len(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_damaged_older_segment_is_found_at_recovery_and_skipped_by_readers() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let log = EmbeddedLog::open("b", dir.path(), 1, &options(64)).unwrap();
+            for i in 0..12 {
+                log.append(vec![append(0, &[&format!("event-{i:02}")])])
+                    .await[0]
+                    .as_ref()
+                    .unwrap();
+            }
+            log.close().await;
+        }
+        let shard = dir.path().join("shard-0");
+        let mut bases: Vec<Seq> = fs::read_dir(&shard)
+            .unwrap()
+            .map(|e| {
+                let name = e.unwrap().file_name().into_string().unwrap();
+                name.trim_end_matches(".log").parse().unwrap()
+            })
+            .collect();
+        bases.sort_unstable();
+        assert!(bases.len() >= 3, "{bases:?}");
+        // Flip a byte of the first record of the second segment (bit rot, a bad sector).
+        let damaged = segment_path(&shard, bases[1]);
+        let mut bytes = fs::read(&damaged).unwrap();
+        bytes[HEADER] ^= 0xff;
+        fs::write(&damaged, bytes).unwrap();
+
+        let log = EmbeddedLog::open("b", dir.path(), 1, &options(64)).unwrap();
+        assert_eq!(*log.tail(0).borrow(), 12, "the newest segment is intact");
+        let seqs: Vec<Seq> = read_all(&log, 0, 0)
+            .await
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
+        let expected: Vec<Seq> = (0..12)
+            .filter(|s| *s < bases[1] || *s >= bases[2])
+            .collect();
+        assert_eq!(
+            seqs, expected,
+            "everything but the damaged segment's records"
+        );
+        // A reader that starts inside the damaged range goes on after it.
+        let from_inside: Vec<Seq> = read_all(&log, 0, bases[1])
+            .await
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
+        assert_eq!(from_inside.first(), Some(&bases[2]));
+    }
+
+    #[tokio::test]
+    async fn a_record_over_the_store_limit_is_refused_and_nothing_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap();
+        let huge = Bytes::from(vec![b'x'; crate::store::MAX_RECORD_BYTES + 1]);
+        let result = log
+            .append(vec![ShardAppend {
+                shard: 0,
+                records: vec![Bytes::from_static(b"small"), huge],
+            }])
+            .await;
+        assert!(
+            matches!(result[0], Err(StoreError::TooLarge(_))),
+            "{:?}",
+            result[0].as_ref().map_err(ToString::to_string)
+        );
+        assert_eq!(*log.tail(0).borrow(), 0, "no record of the refused append");
+        assert!(log.healthy() && log.write_problem().is_none());
+        log.append(vec![append(0, &["next"])]).await[0]
+            .as_ref()
+            .unwrap();
+        assert_eq!(read_all(&log, 0, 0).await, vec![(0, "next".to_string())]);
     }
 }
