@@ -887,11 +887,24 @@ impl Config {
                 return Err(limit(name));
             }
         }
-        if l.max_header_bytes < 8192 {
+        // Stored, an event's data may grow by a third (base64) plus its attributes: 8 MiB
+        // keeps every accepted event under the store's record limit.
+        const MAX_EVENT_BYTES: usize = crate::store::MAX_RECORD_BYTES / 2;
+        if l.max_event_bytes > MAX_EVENT_BYTES {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                line: find_line(text, "max_event_bytes"),
+                message: format!(
+                    "limits.max_event_bytes must be at most {MAX_EVENT_BYTES} (8 MiB): stored events are bounded by the store's record limit"
+                ),
+            });
+        }
+        if !(8192..=1024 * 1024).contains(&l.max_header_bytes) {
             return Err(ConfigError::Invalid {
                 path: path.to_path_buf(),
                 line: find_line(text, "max_header_bytes"),
-                message: "limits.max_header_bytes must be at least 8192".to_string(),
+                message: "limits.max_header_bytes must be between 8192 and 1048576 (1 MiB)"
+                    .to_string(),
             });
         }
         if self.delivery.batch_size == 0 {
@@ -1058,6 +1071,22 @@ mod tests {
         assert_eq!(c.listen.port(), 8080);
         assert_eq!(c.durability, Durability::Fsync);
         assert_eq!(c.limits.max_event_bytes, 262144);
+    }
+
+    #[test]
+    fn event_and_header_limits_are_bounded_by_the_store_record_limit() {
+        let err = parse("[limits]\nmax_event_bytes = 9000000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("t.toml:2:") && err.contains("limits.max_event_bytes must be at most"),
+            "{err}"
+        );
+        assert!(parse("[limits]\nmax_event_bytes = 8388608\n").is_ok());
+        let err = parse("[limits]\nmax_header_bytes = 2000000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("limits.max_header_bytes"), "{err}");
     }
 
     #[test]

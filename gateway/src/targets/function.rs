@@ -19,6 +19,45 @@ use crate::store::BusLog;
 
 pub const HOPS: &str = "sluicehops";
 
+/// The largest answer read from a function: a reply goes onto a bus, so it is held to what
+/// ingress can accept at most (`limits.max_event_bytes`' bound); a larger answer is not
+/// read into memory at all.
+const MAX_REPLY_BYTES: usize = crate::store::MAX_RECORD_BYTES / 2;
+
+/// Reads an answer's body, refusing (without buffering it) one over `cap` bytes.
+async fn read_capped(
+    mut response: reqwest::Response,
+    cap: usize,
+    url: &str,
+) -> Result<bytes::Bytes, TargetError> {
+    let too_large = |size: String| {
+        TargetError::fatal(format!(
+            "{url} answered with {size} bytes, over the reply limit of {cap} bytes"
+        ))
+    };
+    if let Some(length) = response.content_length() {
+        if length > cap as u64 {
+            return Err(too_large(length.to_string()));
+        }
+    }
+    let mut body = bytes::BytesMut::new();
+    loop {
+        let chunk = response.chunk().await.map_err(|e| {
+            TargetError::retryable(format!(
+                "{url}: reading the answer failed: {}",
+                e.without_url()
+            ))
+        })?;
+        let Some(chunk) = chunk else {
+            return Ok(body.freeze());
+        };
+        if body.len() + chunk.len() > cap {
+            return Err(too_large(format!("more than {}", body.len() + chunk.len())));
+        }
+        body.extend_from_slice(&chunk);
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FunctionConfig {
@@ -109,12 +148,7 @@ impl FunctionTarget {
         let status = response.status();
         let headers = response.headers().clone();
         http_target::status_result(status, &headers, url)?;
-        let body = response.bytes().await.map_err(|e| {
-            TargetError::retryable(format!(
-                "{url}: reading the answer failed: {}",
-                e.without_url()
-            ))
-        })?;
+        let body = read_capped(response, MAX_REPLY_BYTES, url).await?;
         if body.is_empty() && !headers.contains_key("ce-specversion") {
             return Ok(());
         }

@@ -194,6 +194,13 @@ pub fn stored(event: &Event, shards: u32) -> Result<(u32, Bytes), TargetError> {
     // A function's reply goes onto a bus: held to what ingress accepts, or it would stall
     // that bus's subscriptions.
     cloudevent::check_stored(&raw).map_err(|e| TargetError::fatal(e.to_string()))?;
+    if raw.len() > crate::store::MAX_RECORD_BYTES {
+        return Err(TargetError::fatal(format!(
+            "the event is {} bytes stored, over the store's limit of {} bytes",
+            raw.len(),
+            crate::store::MAX_RECORD_BYTES
+        )));
+    }
     let shard = crate::ingress::shard_of(&cloudevent::partition_key(event), shards);
     Ok((shard, Bytes::from(raw)))
 }
@@ -214,10 +221,18 @@ pub async fn append_to_bus(
         .map(|(shard, records)| crate::store::ShardAppend { shard, records })
         .collect();
     for result in log.append(appends).await {
-        if let Err(e) = result {
-            return Err(TargetError::retryable(format!(
-                "appending to bus `{bus}` failed: {e}"
-            )));
+        match result {
+            Err(e @ crate::store::StoreError::TooLarge(_)) => {
+                return Err(TargetError::fatal(format!(
+                    "appending to bus `{bus}` failed: {e}"
+                )))
+            }
+            Err(e) => {
+                return Err(TargetError::retryable(format!(
+                    "appending to bus `{bus}` failed: {e}"
+                )))
+            }
+            Ok(_) => {}
         }
     }
     Ok(())
