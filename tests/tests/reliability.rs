@@ -152,6 +152,130 @@ async fn hostile_events_are_refused_and_never_stall_the_shard() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Item 2 (and a promise of the README): a store that cannot write refuses with 503, says
+// so on /readyz while liveness stays up, and takes writes again once it can.
+
+fn set_file_size_limit(pid: u32, limit: &str) {
+    // Soft limit only: the hard one stays unlimited so it can be raised again.
+    let status = Command::new("prlimit")
+        .arg("--pid")
+        .arg(pid.to_string())
+        .arg(format!("--fsize={limit}:unlimited"))
+        .status()
+        .expect("prlimit (util-linux) runs");
+    assert!(status.success(), "prlimit --fsize={limit} failed");
+}
+
+#[tokio::test]
+async fn a_store_that_cannot_write_answers_503_and_is_not_ready_until_it_can_again() {
+    let receiver = Receiver::start().await;
+    // Only the HTTP target: the file target would write into the data directory too.
+    let sluice = with_http_target("hook", &receiver.url("/hook"), "")
+        .without_default_rule()
+        .shards(1)
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    let url = sluice.events_url();
+    let get = |path: &str| client.get(sluice.url(path)).send();
+    let data = "x".repeat(32 * 1024);
+    let body = format!("{{\"data\":\"{data}\"}}");
+    let send = |id: String| {
+        client
+            .post(&url)
+            .header("ce-specversion", "1.0")
+            .header("ce-id", id)
+            .header("ce-source", "/tests")
+            .header("ce-type", "com.example.big")
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+    };
+    let mut accepted = Vec::new();
+    for i in 0..4 {
+        let id = format!("before-{i}");
+        assert_eq!(send(id.clone()).await.unwrap().status(), 202);
+        accepted.push(id);
+    }
+    // A real fault, made by the kernel: past 2 MiB every write of the process fails with
+    // EFBIG (what a full disk does with ENOSPC). The segment grows in 1 MiB chunks.
+    let pid = sluice.pid().expect("running");
+    set_file_size_limit(pid, "2097152");
+    let mut refused = None;
+    for i in 0..200 {
+        let id = format!("during-{i}");
+        let response = send(id.clone()).await.unwrap();
+        match response.status().as_u16() {
+            202 => accepted.push(id),
+            503 => {
+                assert_eq!(
+                    response.headers()["content-type"],
+                    "application/problem+json"
+                );
+                assert!(response.headers().contains_key("retry-after"));
+                let problem: Value = response.json().await.unwrap();
+                refused = Some((id, problem));
+                break;
+            }
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    let (refused_id, problem) = refused.expect("a write past the limit is refused");
+    eprintln!(
+        "{} events accepted, then {refused_id} refused: {problem}",
+        accepted.len()
+    );
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("nothing was kept"), "{problem}");
+    assert!(detail.to_lowercase().contains("too large"), "{problem}");
+    assert!(
+        sluice.is_running(),
+        "a file-size limit must not kill the process (SIGXFSZ)"
+    );
+
+    let ready = get("/readyz").await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let ready: Value = ready.json().await.unwrap();
+    assert!(
+        ready["detail"]
+            .as_str()
+            .unwrap()
+            .contains("writes are failing"),
+        "{ready}"
+    );
+    // Not fenced: liveness stays up (a restart would not help), and every request tries.
+    assert_eq!(get("/healthz").await.unwrap().status(), 200);
+    assert_eq!(
+        send("still-refused".to_string()).await.unwrap().status(),
+        503
+    );
+
+    set_file_size_limit(pid, "unlimited");
+    assert_eq!(send("after".to_string()).await.unwrap().status(), 202);
+    accepted.push("after".to_string());
+    assert_eq!(get("/readyz").await.unwrap().status(), 200);
+
+    // Exactly what was accepted is delivered, in order (one shard); nothing refused is.
+    let received = receiver
+        .wait_for(Duration::from_secs(30), |r| {
+            r.iter().filter(|r| r.was_accepted()).count() >= accepted.len()
+        })
+        .await;
+    let ok: Vec<_> = received.into_iter().filter(|r| r.was_accepted()).collect();
+    let ids = sluice_tests::receiver::event_ids(&ok);
+    let mut seen = std::collections::HashSet::new();
+    let delivered: Vec<String> = ids
+        .into_iter()
+        .filter(|id| seen.insert(id.clone()))
+        .collect();
+    assert_eq!(delivered, accepted);
+    assert!(!delivered.contains(&refused_id));
+    let log = sluice.log();
+    assert!(log.contains("not ready until a write succeeds"), "{log}");
+    assert!(log.contains("the log takes writes again"), "{log}");
+}
+
+// ---------------------------------------------------------------------------------------
 // Item 7: redirects are failed deliveries, never followed.
 
 #[tokio::test]

@@ -249,6 +249,21 @@ async fn wait_plain(replicas: &[&Sluice], count: u64) -> usize {
     }
 }
 
+/// Waits until `replica` delivered every message numbered in `range`.
+async fn wait_plain_range(replica: &Sluice, range: std::ops::Range<u64>) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !range
+        .clone()
+        .all(|i| plain_numbers(&[replica]).0.contains(&i))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "messages {range:?} never delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The replicas' running source tasks: task id → worker.
 async fn source_tasks(sluice: &Sluice) -> Vec<(String, String)> {
     sluice
@@ -371,10 +386,17 @@ async fn rocketmq_source_queues_are_tasks_spread_over_replicas_and_taken_over_af
         assert!(Instant::now() < deadline, "source tasks never stopped");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The witness: a gateway of its own reading the same topic, never paused. Once it has
+    // delivered the messages sent during the pause, a source that ignored the pause would
+    // have had as long to deliver them too (a positive marker instead of a fixed sleep).
+    let witness = Sluice::builder()
+        .extra(&source(&mq.name_server(), topic).replace("mq-in", "mq-witness"))
+        .start()
+        .await;
     for i in 400..450 {
         producer.send(plain(topic, i)).await.unwrap();
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    wait_plain_range(&witness, 400..450).await;
     let (seen, _) = plain_numbers(&[&a, &b]);
     assert!(
         !(400..450).any(|i| seen.contains(&i)),

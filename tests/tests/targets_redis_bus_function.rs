@@ -328,3 +328,47 @@ async fn function_target_empty_answer_is_a_plain_success() {
     );
     assert!(sluice_tests::read_jsonl(&sluice.data_dir().join("dlq.jsonl")).is_empty());
 }
+
+/// A function answering with more than the reply limit (8 MiB, the bound of what ingress can
+/// accept) is a failed delivery with the reason, dead-lettered, and never put on a bus.
+#[tokio::test]
+async fn function_target_oversized_reply_is_dead_lettered_not_stored() {
+    let function = Receiver::start().await;
+    let Reply::Full(status, headers, _) = ce_reply("huge") else {
+        unreachable!()
+    };
+    let mut body = b"{\"pad\":\"".to_vec();
+    body.extend(std::iter::repeat_n(b'x', 9 * 1024 * 1024));
+    body.extend(b"\"}");
+    function.default_reply(Reply::Full(status, headers, body));
+    let extra = bus_to_file("dlq")
+        + &bus_to_file("replies")
+        + &function_rule(
+            &function.url("/fn"),
+            "replies",
+            "[rules.targets.dead_letter]\nbus = \"dlq\"",
+        );
+    let sluice = Sluice::builder().extra(&extra).start().await;
+    post(
+        &reqwest::Client::new(),
+        &sluice.events_url(),
+        "big-answer",
+        "{}",
+    )
+    .await;
+    let dead = wait_jsonl(
+        &sluice.data_dir().join("dlq.jsonl"),
+        Duration::from_secs(20),
+        |e| !e.is_empty(),
+    )
+    .await;
+    assert_eq!(dead[0]["id"], "big-answer");
+    let reason = dead[0]["deadletterreason"].as_str().unwrap();
+    assert!(reason.contains("over the reply limit"), "{reason}");
+    assert_eq!(
+        function.received().len(),
+        1,
+        "a reply over the limit is not retried"
+    );
+    assert!(sluice_tests::read_jsonl(&sluice.data_dir().join("replies.jsonl")).is_empty());
+}
