@@ -11,6 +11,7 @@ pub mod admin;
 pub mod app;
 pub mod config;
 pub mod ingress;
+pub mod metrics;
 pub mod problem;
 pub mod rules;
 pub mod runtime;

@@ -80,6 +80,7 @@ pub fn router(state: Arc<IngressState>) -> Router {
     let probes = Router::new()
         .route("/healthz", get(live).fallback(get_only))
         .route("/readyz", get(ready).fallback(get_only))
+        .route("/metrics", get(metrics).fallback(get_only))
         .with_state(state.clone());
     probes.merge(limited(state))
 }
@@ -193,11 +194,67 @@ async fn ready(State(state): State<Arc<IngressState>>) -> Response {
 /// One entry of a request: a parsed event or the reason it was refused.
 type Entry = Result<(String, Bytes, u32), EventError>;
 
+/// `GET /metrics`: the OpenMetrics text exposition (Prometheus scrapes it natively).
+async fn metrics() -> Response {
+    match crate::metrics::get().encode() {
+        Ok(text) => (
+            [(
+                http::header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => Problem::internal("the metrics could not be encoded").into_response(),
+    }
+}
+
+/// Records the request's metrics around the handler. Labels stay bounded: an unknown bus
+/// is `bus="unknown"`, and the mode comes from a fixed set.
 async fn post_events(
     State(state): State<Arc<IngressState>>,
     Path(bus): Path<String>,
     request: Request,
 ) -> Response {
+    let started = std::time::Instant::now();
+    let bytes = request
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    let mode = match cloudevent::content_mode(request.headers()) {
+        Ok(ContentMode::Binary) => "binary",
+        Ok(ContentMode::Structured) => "structured",
+        Ok(ContentMode::Batch) => "batch",
+        Err(_) => "other",
+    };
+    let label = if state.buses().contains_key(&bus) {
+        bus.clone()
+    } else {
+        "unknown".to_string()
+    };
+    let response = handle_events(state, bus, request).await;
+    let m = crate::metrics::get();
+    let bus_mode = crate::metrics::BusModeLabels {
+        bus: label.clone(),
+        mode: mode.to_string(),
+    };
+    m.ingress_requests
+        .get_or_create(&crate::metrics::IngressLabels {
+            bus: label,
+            mode: mode.to_string(),
+            status: response.status().as_str().to_string(),
+        })
+        .inc();
+    m.ingress_bytes.get_or_create(&bus_mode).inc_by(bytes);
+    m.ingress_duration
+        .get_or_create(&bus_mode)
+        .observe(started.elapsed().as_secs_f64());
+    response
+}
+
+async fn handle_events(state: Arc<IngressState>, bus: String, request: Request) -> Response {
     let Some(log) = state.buses().get(&bus).cloned() else {
         return Problem::unknown_bus(&bus).into_response();
     };

@@ -37,6 +37,18 @@ pub enum State {
     Failed,
 }
 
+impl State {
+    /// The state as shown in statuses and metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            State::Unassigned => "UNASSIGNED",
+            State::Running => "RUNNING",
+            State::Paused => "PAUSED",
+            State::Failed => "FAILED",
+        }
+    }
+}
+
 /// The status of a connector (subscription) or task, readable from any worker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
@@ -123,8 +135,10 @@ pub trait Cluster: Send + Sync + 'static {
     /// Like `report`, for many ids in one write.
     async fn report_many(&self, reports: Vec<(String, State, Option<String>)>) {
         let at = now_ms();
+        let metrics = crate::metrics::get();
         let statuses = reports
             .into_iter()
+            .inspect(|(id, state, _)| metrics.task_state(id, self.worker_id(), state.label()))
             .map(|(id, state, reason)| Status {
                 id,
                 state,
@@ -141,6 +155,7 @@ pub trait Cluster: Send + Sync + 'static {
     /// Records a connector's or task's state as this worker's (an unassigned one has no
     /// worker). A status that cannot be written is skipped: the next change writes it.
     async fn report(&self, id: &str, state: State, reason: Option<String>) {
+        crate::metrics::get().task_state(id, self.worker_id(), state.label());
         let status = Status {
             id: id.to_string(),
             state,

@@ -112,6 +112,7 @@ pub struct Delivery {
     subscription: String,
     /// The latest failure while a delivery is still retrying (for status reports).
     last_error: Mutex<Option<String>>,
+    metrics: crate::metrics::SubscriptionMetrics,
 }
 
 #[derive(Debug, Clone)]
@@ -182,7 +183,13 @@ impl Delivery {
             rule: rule.to_string(),
             subscription: subscription.to_string(),
             last_error: Mutex::new(None),
+            metrics: crate::metrics::get().subscription(subscription),
         }
+    }
+
+    /// The subscription's counters.
+    pub fn metrics(&self) -> &crate::metrics::SubscriptionMetrics {
+        &self.metrics
     }
 
     /// The latest failure of a delivery that has not succeeded (or been dead-lettered) yet.
@@ -229,8 +236,14 @@ impl Delivery {
         let mut attempts = 0u32;
         let last_error = loop {
             attempts += 1;
+            if attempts > 1 {
+                self.metrics.retried.inc_by(events.len() as u64);
+            }
             match self.target.deliver(events).await {
-                Ok(()) => return,
+                Ok(()) => {
+                    self.delivered(events.len(), first);
+                    return;
+                }
                 Err(e) => {
                     self.log_failure(&e, attempts, events.len());
                     if events.len() > 1 && (!e.retryable || self.exhausted(attempts, first)) {
@@ -256,8 +269,14 @@ impl Delivery {
         let one = std::slice::from_ref(event);
         loop {
             attempts += 1;
+            if attempts > 1 {
+                self.metrics.retried.inc();
+            }
             match self.target.deliver(one).await {
-                Ok(()) => return,
+                Ok(()) => {
+                    self.delivered(1, first);
+                    return;
+                }
                 Err(e) => {
                     self.log_failure(&e, attempts, 1);
                     if !e.retryable || self.exhausted(attempts, first) {
@@ -274,7 +293,13 @@ impl Delivery {
         attempts >= self.policy.max_attempts || first.elapsed() >= self.policy.max_event_age
     }
 
+    fn delivered(&self, events: usize, first: Instant) {
+        self.metrics.delivered.inc_by(events as u64);
+        self.metrics.duration.observe(first.elapsed().as_secs_f64());
+    }
+
     fn log_failure(&self, e: &TargetError, attempts: u32, events: usize) {
+        self.metrics.failed.inc_by(events as u64);
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
         tracing::warn!(
             subscription = %self.subscription,
@@ -316,8 +341,12 @@ impl Delivery {
             loop {
                 tokio::time::sleep(self.policy.max_backoff).await;
                 attempts += 1;
+                self.metrics.retried.inc();
                 match self.target.deliver(std::slice::from_ref(event)).await {
-                    Ok(()) => return,
+                    Ok(()) => {
+                        self.metrics.delivered.inc();
+                        return;
+                    }
                     Err(e) => self.log_failure(&e, attempts, 1),
                 }
             }
@@ -365,6 +394,7 @@ impl Delivery {
             };
             match result {
                 Ok(()) => {
+                    self.metrics.dead_lettered.inc();
                     tracing::warn!(subscription = %self.subscription, attempts, reason = %error, "event dead-lettered");
                     return;
                 }

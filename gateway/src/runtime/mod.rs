@@ -310,12 +310,15 @@ impl LeaseKeeper {
     }
 
     fn add(&self, lease: &Lease, valid_until: Arc<AtomicU64>) {
-        self.held()
-            .insert(lease.task.clone(), (lease.clone(), valid_until));
+        let mut held = self.held();
+        held.insert(lease.task.clone(), (lease.clone(), valid_until));
+        crate::metrics::get().leases_held.set(held.len() as i64);
     }
 
     fn remove(&self, task: &str) {
-        self.held().remove(task);
+        let mut held = self.held();
+        held.remove(task);
+        crate::metrics::get().leases_held.set(held.len() as i64);
     }
 
     async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
@@ -341,6 +344,7 @@ impl LeaseKeeper {
                             valid_until.fetch_max(sent + margin, Ordering::Relaxed);
                         } else {
                             tracing::warn!(task = %lease.task, epoch = lease.epoch, "lease lost to another worker; stopping the task");
+                            crate::metrics::get().lease_losses.inc();
                             valid_until.store(0, Ordering::Relaxed);
                             let _ = self.lost.send(lease.task.clone());
                         }
@@ -470,6 +474,7 @@ impl WorkerLoop {
             .map(|(id, _)| id.clone())
             .collect();
         if !stale.is_empty() {
+            crate::metrics::get().rebalances.inc();
             tracing::info!(worker = %me, tasks = stale.len(), "stopping tasks that moved, paused, restarted or ended");
             self.stop_tasks(&stale, State::Unassigned).await;
         }

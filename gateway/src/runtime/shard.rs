@@ -51,6 +51,9 @@ const LANE_QUEUE_BYTES: usize = 1024 * 1024;
 /// cannot hold the others back. Keeps memory bounded whatever the number of rules.
 const SHARD_QUEUE_BYTES: usize = 16 * 1024 * 1024;
 
+/// How often each lane's lag (`sluice_subscription_lag_events`) is computed.
+const LAG_INTERVAL: Duration = Duration::from_secs(2);
+
 /// How long the reader waits for room before it sheds the lanes that hold the most.
 const SHED_AFTER: Duration = Duration::from_millis(250);
 
@@ -253,6 +256,8 @@ impl ShardTask {
         commit.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut check = tokio::time::interval(Duration::from_millis(250));
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut lag = tokio::time::interval(LAG_INTERVAL);
+        lag.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The reader runs until the loop ends; dropping it then ends its blocking read.
         let mut reading = Box::pin(reader.run());
         loop {
@@ -260,6 +265,7 @@ impl ShardTask {
                 _ = self.stop.changed() => break,
                 () = &mut reading => break,
                 _ = commit.tick() => self.record(&shared, &mut recorded),
+                _ = lag.tick() => shared.report_lag(),
                 _ = check.tick() => {
                     if !self.leased() {
                         break;
@@ -303,6 +309,8 @@ impl ShardTask {
         // flight a moment to finish so their positions are recorded.
         shared.wait_lanes_idle().await;
         self.record(&shared, &mut recorded);
+        // The shard's lag is reported by whichever replica runs it next.
+        shared.clear_lag();
     }
 
     async fn load(&self, bus: &BusPlan) -> Result<(GroupPositions, Seq), StoreError> {
@@ -371,6 +379,27 @@ impl Shared {
 
     fn changed(&self) {
         self.changes.fetch_add(1, Ordering::Release);
+    }
+
+    /// Sets each lane's lag gauge: the shard's end minus the lane's position.
+    fn report_lag(&self) {
+        let d = lock(&self.dispatch);
+        let end = *d.bus.log.tail(self.shard).borrow();
+        let metrics = crate::metrics::get();
+        for lane in &d.lanes {
+            let p = Lane::position(&lock(&lane.state), d.cursor);
+            metrics
+                .lag(&lane.sub.id, self.shard)
+                .set(i64::try_from(end.saturating_sub(p)).unwrap_or(i64::MAX));
+        }
+    }
+
+    fn clear_lag(&self) {
+        let d = lock(&self.dispatch);
+        let metrics = crate::metrics::get();
+        for lane in &d.lanes {
+            metrics.lag(&lane.sub.id, self.shard).set(0);
+        }
     }
 
     /// The positions of every lane: the reader's as `shared`, and the lanes that differ.
@@ -453,6 +482,7 @@ impl Shared {
                         &record.payload,
                         event.as_ref(),
                     ) {
+                        lane.sub.delivery.metrics().matched.inc();
                         let bytes = envelope_bytes(&envelope);
                         self.queued.fetch_add(bytes, Ordering::Relaxed);
                         st.queued += bytes;

@@ -193,10 +193,21 @@ impl BusLog for RedisLog {
             for record in &append.records {
                 invocation.arg(record.as_ref());
             }
+            let started = std::time::Instant::now();
             let result = invocation
                 .invoke_async::<Seq>(&mut self.redis.conn())
                 .await
                 .map_err(|e| redis_error("append", &e));
+            let metrics = crate::metrics::get();
+            metrics.observe_redis("append", started.elapsed(), result.is_ok());
+            match &result {
+                Ok(_) => {
+                    metrics
+                        .appended(&self.bus, append.shard)
+                        .inc_by(append.records.len() as u64);
+                }
+                Err(_) => metrics.write_error(&self.bus, append.shard),
+            }
             if let Ok(first) = &result {
                 let end = first + append.records.len() as Seq;
                 if let Some(tail) = self.tails.get(append.shard as usize) {

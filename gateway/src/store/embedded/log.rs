@@ -83,6 +83,8 @@ struct Shard {
     tail: watch::Sender<Seq>,
     segments: Segments,
     cache: Arc<Mutex<Cache>>,
+    /// `sluice_events_appended_total` of this shard.
+    appended: prometheus_client::metrics::counter::Counter,
 }
 
 /// One bus's log on local disk.
@@ -149,6 +151,7 @@ impl EmbeddedLog {
                     bytes: 0,
                     first: recovered.next_seq,
                 })),
+                appended: crate::metrics::get().appended(bus, shard),
             });
         }
         Ok(EmbeddedLog {
@@ -342,6 +345,7 @@ impl EmbeddedLog {
         };
         #[cfg(test)]
         let fail = self.fail_syncs.clone();
+        let started = std::time::Instant::now();
         let result = tokio::task::spawn_blocking(move || {
             sync_data(
                 &file,
@@ -351,7 +355,12 @@ impl EmbeddedLog {
         })
         .await
         .map_err(|e| StoreError::Unavailable(format!("flush task failed: {e}")))?;
+        let metrics = crate::metrics::get();
+        metrics
+            .flush_duration
+            .observe(started.elapsed().as_secs_f64());
         if let Err(e) = result {
+            metrics.flush_errors.inc();
             // After a failed fsync the page cache may not match the disk: stop taking
             // writes rather than acknowledge something that may be gone.
             return Err(self.fence("flushing the log", &e));
@@ -389,17 +398,24 @@ impl BusLog for EmbeddedLog {
             })
             .collect();
         let mut results = Vec::with_capacity(written.len());
-        for w in written {
-            results.push(match w {
+        for (w, append) in written.into_iter().zip(&appends) {
+            let result = match w {
                 Ok((shard, (first, end))) => match self.options.durability {
                     Durability::Os => {
                         publish(shard, end);
                         Ok(first)
                     }
                     Durability::Fsync => self.sync_to(shard, end).await.map(|()| first),
-                },
+                }
+                .inspect(|_| {
+                    shard.appended.inc_by(append.records.len() as u64);
+                }),
                 Err(e) => Err(e),
-            });
+            };
+            if result.is_err() {
+                crate::metrics::get().write_error(&self.bus, append.shard);
+            }
+            results.push(result);
         }
         results
     }

@@ -1,0 +1,394 @@
+//! Prometheus metrics, served at `GET /metrics` (OpenMetrics text, which Prometheus scrapes
+//! natively). One registry per process; every metric starts with `sluice_`.
+//!
+//! Cardinality is bounded by the configuration, never by traffic: labels are buses, shards,
+//! subscriptions (`bus/rule/target`), tasks, HTTP status codes and ingress modes; nothing
+//! per event. Hot paths hold pre-resolved handles (an atomic add each), not label lookups.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IngressLabels {
+    pub bus: String,
+    pub mode: String,
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BusModeLabels {
+    pub bus: String,
+    pub mode: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardLabels {
+    pub bus: String,
+    pub shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SubscriptionLabels {
+    pub subscription: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SubscriptionShardLabels {
+    pub subscription: String,
+    pub shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskLabels {
+    pub task: String,
+    pub worker: String,
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub operation: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_buckets() -> Histogram {
+    // 100 µs .. ~52 s.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 20))
+}
+
+/// Every metric of the process.
+pub struct Metrics {
+    registry: Registry,
+    pub ingress_requests: Family<IngressLabels, Counter>,
+    pub ingress_bytes: Family<BusModeLabels, Counter>,
+    pub ingress_duration: HistogramFamily<BusModeLabels>,
+    pub appended: Family<ShardLabels, Counter>,
+    pub flush_duration: Histogram,
+    pub flush_errors: Counter,
+    pub write_errors: Family<ShardLabels, Counter>,
+    pub redis_duration: HistogramFamily<OperationLabels>,
+    pub redis_errors: Family<OperationLabels, Counter>,
+    pub matched: Family<SubscriptionLabels, Counter>,
+    pub delivered: Family<SubscriptionLabels, Counter>,
+    pub failed: Family<SubscriptionLabels, Counter>,
+    pub retried: Family<SubscriptionLabels, Counter>,
+    pub dead_lettered: Family<SubscriptionLabels, Counter>,
+    pub delivery_duration: HistogramFamily<SubscriptionLabels>,
+    pub lag_events: Family<SubscriptionShardLabels, Gauge>,
+    task_state: Family<TaskLabels, Gauge>,
+    task_states: Mutex<HashMap<String, TaskLabels>>,
+    pub leases_held: Gauge,
+    pub lease_losses: Counter,
+    pub rebalances: Counter,
+}
+
+static METRICS: OnceLock<Metrics> = OnceLock::new();
+
+/// The process's metrics.
+pub fn get() -> &'static Metrics {
+    METRICS.get_or_init(Metrics::new)
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut root = Registry::default();
+        let r = root.sub_registry_with_prefix("sluice");
+        let build = Family::<BuildLabels, Gauge>::default();
+        build
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            })
+            .set(1);
+        r.register("build_info", "The gateway's version (always 1)", build);
+
+        let ingress_requests = Family::default();
+        r.register(
+            "ingress_requests",
+            "Event requests answered, by bus, mode (binary, structured, batch) and status",
+            ingress_requests.clone(),
+        );
+        let ingress_bytes = Family::default();
+        r.register_with_unit(
+            "ingress_request",
+            "Bytes of event request bodies received",
+            Unit::Bytes,
+            ingress_bytes.clone(),
+        );
+        let ingress_duration: HistogramFamily<BusModeLabels> =
+            Family::new_with_constructor(latency_buckets);
+        r.register_with_unit(
+            "ingress_request_duration",
+            "Time from a request's arrival to its answer (stored events are durable by then)",
+            Unit::Seconds,
+            ingress_duration.clone(),
+        );
+        let appended = Family::default();
+        r.register(
+            "events_appended",
+            "Events appended to a bus shard's log (from ingress, sources, functions, the bus target, dead letters)",
+            appended.clone(),
+        );
+        let flush_duration = latency_buckets();
+        r.register_with_unit(
+            "store_flush_duration",
+            "Duration of the embedded log's fdatasync (one per group commit)",
+            Unit::Seconds,
+            flush_duration.clone(),
+        );
+        let flush_errors = Counter::default();
+        r.register(
+            "store_flush_errors",
+            "Failed fdatasync calls of the embedded log (each fences the log)",
+            flush_errors.clone(),
+        );
+        let write_errors = Family::default();
+        r.register(
+            "store_write_errors",
+            "Failed appends of a bus shard (no space, file too large, Redis errors)",
+            write_errors.clone(),
+        );
+        let redis_duration: HistogramFamily<OperationLabels> =
+            Family::new_with_constructor(latency_buckets);
+        r.register_with_unit(
+            "redis_command_duration",
+            "Duration of the Redis calls of the cluster store, by operation",
+            Unit::Seconds,
+            redis_duration.clone(),
+        );
+        let redis_errors = Family::default();
+        r.register(
+            "redis_errors",
+            "Failed Redis calls, by operation",
+            redis_errors.clone(),
+        );
+        let matched = Family::default();
+        r.register(
+            "subscription_matched_events",
+            "Events a subscription's rule took (queued for its target)",
+            matched.clone(),
+        );
+        let delivered = Family::default();
+        r.register(
+            "subscription_delivered_events",
+            "Events the target acknowledged",
+            delivered.clone(),
+        );
+        let failed = Family::default();
+        r.register(
+            "subscription_failed_attempts",
+            "Delivery attempts that failed (each event of a failed batch counts)",
+            failed.clone(),
+        );
+        let retried = Family::default();
+        r.register(
+            "subscription_retries",
+            "Delivery attempts made again after a failure",
+            retried.clone(),
+        );
+        let dead_lettered = Family::default();
+        r.register(
+            "subscription_dead_lettered_events",
+            "Events sent to the dead-letter destination",
+            dead_lettered.clone(),
+        );
+        let delivery_duration: HistogramFamily<SubscriptionLabels> =
+            Family::new_with_constructor(latency_buckets);
+        r.register_with_unit(
+            "subscription_delivery_duration",
+            "Time from a batch's first delivery attempt to its acknowledgement (retries included)",
+            Unit::Seconds,
+            delivery_duration.clone(),
+        );
+        let lag_events = Family::default();
+        r.register(
+            "subscription_lag_events",
+            "Events of a shard not yet delivered by a subscription (log end minus position), on the replica running the shard",
+            lag_events.clone(),
+        );
+        let task_state = Family::default();
+        r.register(
+            "task_state",
+            "1 for each task this replica reported and its current state",
+            task_state.clone(),
+        );
+        let leases_held = Gauge::default();
+        r.register(
+            "leases_held",
+            "Task leases this replica holds",
+            leases_held.clone(),
+        );
+        let lease_losses = Counter::default();
+        r.register(
+            "lease_losses",
+            "Leases found taken by another worker on renewal",
+            lease_losses.clone(),
+        );
+        let rebalances = Counter::default();
+        r.register(
+            "rebalances",
+            "Rebalance rounds in which this replica stopped tasks (moved, paused, restarted or ended)",
+            rebalances.clone(),
+        );
+        Metrics {
+            registry: root,
+            ingress_requests,
+            ingress_bytes,
+            ingress_duration,
+            appended,
+            flush_duration,
+            flush_errors,
+            write_errors,
+            redis_duration,
+            redis_errors,
+            matched,
+            delivered,
+            failed,
+            retried,
+            dead_lettered,
+            delivery_duration,
+            lag_events,
+            task_state,
+            task_states: Mutex::new(HashMap::new()),
+            leases_held,
+            lease_losses,
+            rebalances,
+        }
+    }
+
+    /// The OpenMetrics text exposition of every metric.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+
+    /// Records a task's new state: one series per task, moved when the state changes.
+    pub fn task_state(&self, task: &str, worker: &str, state: &str) {
+        let labels = TaskLabels {
+            task: task.to_string(),
+            worker: worker.to_string(),
+            state: state.to_string(),
+        };
+        let mut states = self.task_states.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = states.insert(task.to_string(), labels.clone()) {
+            if old == labels {
+                return;
+            }
+            self.task_state.remove(&old);
+        }
+        self.task_state.get_or_create(&labels).set(1);
+    }
+
+    pub fn observe_redis(&self, operation: &str, took: Duration, ok: bool) {
+        let labels = OperationLabels {
+            operation: operation.to_string(),
+        };
+        self.redis_duration
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+        if !ok {
+            self.redis_errors.get_or_create(&labels).inc();
+        }
+    }
+
+    /// Pre-resolved counters of one subscription, for the delivery path.
+    pub fn subscription(&self, subscription: &str) -> SubscriptionMetrics {
+        let labels = SubscriptionLabels {
+            subscription: subscription.to_string(),
+        };
+        SubscriptionMetrics {
+            matched: self.matched.get_or_create(&labels).clone(),
+            delivered: self.delivered.get_or_create(&labels).clone(),
+            failed: self.failed.get_or_create(&labels).clone(),
+            retried: self.retried.get_or_create(&labels).clone(),
+            dead_lettered: self.dead_lettered.get_or_create(&labels).clone(),
+            duration: self.delivery_duration.get_or_create(&labels).clone(),
+        }
+    }
+
+    /// Pre-resolved counter of appends to one shard.
+    pub fn appended(&self, bus: &str, shard: u32) -> Counter {
+        self.appended
+            .get_or_create(&ShardLabels {
+                bus: bus.to_string(),
+                shard: shard.to_string(),
+            })
+            .clone()
+    }
+
+    pub fn write_error(&self, bus: &str, shard: u32) {
+        self.write_errors
+            .get_or_create(&ShardLabels {
+                bus: bus.to_string(),
+                shard: shard.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn lag(&self, subscription: &str, shard: u32) -> Gauge {
+        self.lag_events
+            .get_or_create(&SubscriptionShardLabels {
+                subscription: subscription.to_string(),
+                shard: shard.to_string(),
+            })
+            .clone()
+    }
+}
+
+/// One subscription's counters (clones share the series).
+#[derive(Clone, Debug)]
+pub struct SubscriptionMetrics {
+    pub matched: Counter,
+    pub delivered: Counter,
+    pub failed: Counter,
+    pub retried: Counter,
+    pub dead_lettered: Counter,
+    pub duration: Histogram,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_the_prefix_units_and_one_series_per_task() {
+        let m = Metrics::new();
+        m.task_state("default#0", "w1", "RUNNING");
+        m.task_state("default#0", "w1", "PAUSED");
+        m.subscription("default/r/t").delivered.inc_by(3);
+        m.observe_redis("append", Duration::from_millis(2), false);
+        let text = m.encode().unwrap();
+        assert!(text.contains("sluice_build_info{version="), "{text}");
+        assert!(
+            text.contains(
+                "sluice_subscription_delivered_events_total{subscription=\"default/r/t\"} 3"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("sluice_redis_errors_total{operation=\"append\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sluice_redis_command_duration_seconds_bucket"),
+            "{text}"
+        );
+        assert!(text.contains("state=\"PAUSED\"} 1"), "{text}");
+        assert!(!text.contains("state=\"RUNNING\""), "{text}");
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

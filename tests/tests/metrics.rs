@@ -1,0 +1,188 @@
+//! `GET /metrics` against the real binary: the counters move with what really happened.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use sluice_tests::{binary, Sluice};
+
+/// The value of the one series whose line starts with `series` (name and labels).
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The sum of every series of `name` whose labels contain `has`.
+fn sum(text: &str, name: &str, has: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(has))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}
+
+#[tokio::test]
+async fn metrics_count_requests_appends_deliveries_and_report_lag_and_tasks() {
+    let sluice = Sluice::start().await;
+    let client = reqwest::Client::new();
+    for i in 0..3 {
+        let r = binary(&client, &sluice.events_url(), &format!("m-{i}"), "{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+    }
+    // A bad event, and an unknown bus (whose name must not become a label).
+    let r = client
+        .post(sluice.events_url())
+        .header("ce-specversion", "1.0")
+        .header("ce-id", "x")
+        .header("ce-type", "t")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let r = binary(
+        &client,
+        &sluice.url("/buses/no-such-bus-42/events"),
+        "y",
+        "{}",
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 404);
+    sluice
+        .wait_delivered(Duration::from_secs(10), |e| e.len() >= 3)
+        .await;
+
+    // Lag is computed every 2 s per shard: wait for every shard's series to say 0.
+    let sub = "subscription=\"default/all-events/delivered\"";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let text = loop {
+        let r = client.get(sluice.url("/metrics")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text"));
+        let text = r.text().await.unwrap();
+        let lag_series = text
+            .lines()
+            .filter(|l| l.starts_with("sluice_subscription_lag_events{") && l.contains(sub))
+            .count();
+        if lag_series == 4
+            && sum(&text, "sluice_subscription_lag_events", sub) == 0.0
+            && sum(&text, "sluice_subscription_delivered_events_total", sub) == 3.0
+        {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "metrics never settled:\n{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        value(
+            &text,
+            "sluice_ingress_requests_total{bus=\"default\",mode=\"binary\",status=\"202\"}"
+        ),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &text,
+            "sluice_ingress_requests_total{bus=\"default\",mode=\"binary\",status=\"400\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &text,
+            "sluice_ingress_requests_total{bus=\"unknown\",mode=\"binary\",status=\"404\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(!text.contains("no-such-bus-42"), "{text}");
+    assert_eq!(
+        sum(&text, "sluice_events_appended_total", "bus=\"default\""),
+        3.0
+    );
+    assert_eq!(
+        sum(&text, "sluice_subscription_matched_events_total", sub),
+        3.0
+    );
+    assert_eq!(
+        sum(&text, "sluice_subscription_dead_lettered_events_total", sub),
+        0.0
+    );
+    assert!(
+        value(&text, "sluice_store_flush_duration_seconds_count").unwrap_or(0.0) >= 1.0,
+        "{text}"
+    );
+    assert!(
+        value(
+            &text,
+            "sluice_ingress_request_duration_seconds_count{bus=\"default\",mode=\"binary\"}"
+        ) == Some(4.0),
+        "{text}"
+    );
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("sluice_task_state{") && l.contains("state=\"RUNNING\""))
+            .filter(|l| l.contains("task=\"bus/default#"))
+            .count(),
+        4,
+        "one RUNNING series per shard task:\n{text}"
+    );
+    assert_eq!(value(&text, "sluice_leases_held"), Some(4.0), "{text}");
+    assert!(text.contains("sluice_build_info{version="), "{text}");
+    assert!(text.trim_end().ends_with("# EOF"));
+
+    // A paused subscription falls behind by exactly what arrives meanwhile, and its lag
+    // goes back to 0 once it is resumed and has caught up.
+    let admin = |action: &str| {
+        client
+            .post(sluice.url(&format!(
+                "/admin/connectors/default/all-events/delivered/{action}"
+            )))
+            .send()
+    };
+    assert_eq!(admin("pause").await.unwrap().status(), 202);
+    sluice
+        .wait_states("default/all-events/delivered#", "PAUSED", 4)
+        .await;
+    for i in 0..5 {
+        let r = binary(&client, &sluice.events_url(), &format!("paused-{i}"), "{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+    }
+    let lag = || async {
+        let text = client
+            .get(sluice.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        sum(&text, "sluice_subscription_lag_events", sub)
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while lag().await != 5.0 {
+        assert!(Instant::now() < deadline, "lag never reached 5");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(admin("resume").await.unwrap().status(), 202);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while lag().await != 0.0 {
+        assert!(Instant::now() < deadline, "lag never went back to 0");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(sluice.delivered().len(), 8);
+}
