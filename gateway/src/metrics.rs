@@ -70,6 +70,11 @@ fn latency_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.0, 20))
 }
 
+/// Fewer buckets for the one histogram per subscription (thousands of rules): 1 ms .. 65 s.
+fn delivery_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 4.0, 9))
+}
+
 /// Every metric of the process.
 pub struct Metrics {
     registry: Registry,
@@ -206,7 +211,7 @@ impl Metrics {
             dead_lettered.clone(),
         );
         let delivery_duration: HistogramFamily<SubscriptionLabels> =
-            Family::new_with_constructor(latency_buckets);
+            Family::new_with_constructor(delivery_buckets);
         r.register_with_unit(
             "subscription_delivery_duration",
             "Time from a batch's first delivery attempt to its acknowledgement (retries included)",
