@@ -18,6 +18,7 @@ use crate::runtime::cluster::task_id;
 pub fn routes() -> Router<Arc<IngressState>> {
     Router::new()
         .route("/admin/cluster", get(cluster))
+        .route("/api/v1/scaling", get(crate::scaling::handler))
         .route(
             "/admin/connectors/{bus}/{rule}/{target}/{action}",
             post(connector_action),

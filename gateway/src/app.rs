@@ -103,6 +103,8 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
                 cluster,
             ));
             state.set_connectors(plan.connectors());
+            state.set_positions(positions.clone());
+            tokio::spawn(crate::scaling::sample(state.clone(), stop.clone()));
             announce(&config, &listener, data.path(), &id);
             crate::server::serve(listener, ingress::router(state), &config.limits, wait_stop).await;
             tracing::info!("ingress stopped; finishing deliveries");
@@ -163,6 +165,8 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
                 shared,
             ));
             state.set_connectors(plan.connectors());
+            state.set_positions(positions.clone());
+            tokio::spawn(crate::scaling::sample(state.clone(), stop.clone()));
             tokio::spawn(follow_config(
                 config.clone(),
                 cluster.clone(),

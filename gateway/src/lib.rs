@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod problem;
 pub mod rules;
 pub mod runtime;
+pub mod scaling;
 pub mod server;
 pub mod sources;
 pub mod store;

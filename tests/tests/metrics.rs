@@ -186,3 +186,96 @@ async fn metrics_count_requests_appends_deliveries_and_report_lag_and_tasks() {
     }
     assert_eq!(sluice.delivered().len(), 8);
 }
+
+/// `GET /api/v1/scaling`: any replica reports the whole cluster's backlog (read from Redis)
+/// and the replicas it wants for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scaling_signal_reports_the_cluster_backlog_from_any_replica() {
+    let (url, prefix) = sluice_tests::shared_redis("scaling");
+    let a = Sluice::builder().distributed(&url, &prefix).start().await;
+    let b = Sluice::builder().distributed(&url, &prefix).start().await;
+    a.wait_members(2).await;
+    a.wait_tasks_settled(4, 2).await;
+    let client = reqwest::Client::new();
+    let r = client
+        .post(a.url("/admin/connectors/default/all-events/delivered/pause"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    a.wait_states("default/all-events/delivered#", "PAUSED", 4)
+        .await;
+    let accepted =
+        sluice_tests::post_spread(&[a.events_url(), b.events_url()], "backlog", 30).await;
+    assert_eq!(accepted.len(), 30);
+
+    let scaling =
+        |s: &Sluice, query: &str| client.get(s.url(&format!("/api/v1/scaling{query}"))).send();
+    // Positions are committed every 50 ms; the backlog is what the stores say.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for replica in [&a, &b] {
+        loop {
+            let body: serde_json::Value = scaling(replica, "?target_lag=10")
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if body["lag_events"] == 30 {
+                assert_eq!(body["replicas"], 2, "{body}");
+                assert_eq!(body["tasks"], 4, "{body}");
+                assert_eq!(
+                    body["desired_replicas"], 3,
+                    "30 events / 10 per replica: {body}"
+                );
+                assert_eq!(
+                    body["most_behind"][0]["subscription"],
+                    "default/all-events/delivered"
+                );
+                assert_eq!(body["most_behind"][0]["lag_events"], 30);
+                break;
+            }
+            assert!(Instant::now() < deadline, "backlog never reported: {body}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    // Capped by the tasks there are to run, and by max_replicas.
+    let body: serde_json::Value = scaling(&a, "?target_lag=1")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["desired_replicas"], 4, "{body}");
+    let body: serde_json::Value = scaling(&a, "?target_lag=1&max_replicas=2")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["desired_replicas"], 2, "{body}");
+    // A bad parameter is a problem naming it.
+    let r = scaling(&a, "?target_lag=none").await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let problem: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(problem["field"], "target_lag", "{problem}");
+
+    // Resumed, the backlog drains and one replica is enough.
+    let r = client
+        .post(b.url("/admin/connectors/default/all-events/delivered/resume"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let body: serde_json::Value = scaling(&b, "").await.unwrap().json().await.unwrap();
+        if body["lag_events"] == 0 {
+            assert_eq!(body["desired_replicas"], 1, "{body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "backlog never drained: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -34,6 +34,9 @@ pub struct IngressState {
     connectors: RwLock<Arc<HashMap<String, u32>>>,
     pub limits: Limits,
     pub cluster: Arc<dyn Cluster>,
+    /// Read (never written) by the scaling signal.
+    positions: RwLock<Option<Arc<dyn crate::store::PositionStore>>>,
+    pub scaling: crate::scaling::History,
 }
 
 impl IngressState {
@@ -47,7 +50,20 @@ impl IngressState {
             connectors: RwLock::new(Arc::new(HashMap::new())),
             limits,
             cluster,
+            positions: RwLock::new(None),
+            scaling: crate::scaling::History::default(),
         }
+    }
+
+    pub fn set_positions(&self, positions: Arc<dyn crate::store::PositionStore>) {
+        *self.positions.write().unwrap_or_else(|p| p.into_inner()) = Some(positions);
+    }
+
+    pub fn positions(&self) -> Option<Arc<dyn crate::store::PositionStore>> {
+        self.positions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The connectors of the running configuration, with their number of tasks.

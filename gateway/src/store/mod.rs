@@ -188,6 +188,12 @@ pub trait PositionStore: Send + Sync + 'static {
     /// The committed positions of the subscriptions of one bus shard.
     async fn load_group(&self, bus: &str, shard: u32) -> Result<GroupPositions, StoreError>;
 
+    /// The committed positions of one bus shard, read without touching this worker's own
+    /// commit state (for observers: lag, scaling).
+    async fn peek_group(&self, bus: &str, shard: u32) -> Result<GroupPositions, StoreError> {
+        self.load_group(bus, shard).await
+    }
+
     /// This worker now commits the bus shard's positions under `lease` (its shard task's).
     fn own_group(&self, bus: &str, shard: u32, lease: &Lease);
 

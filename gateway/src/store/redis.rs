@@ -597,6 +597,16 @@ impl PositionStore for RedisPositions {
             .retain(|_, g| g.owner.as_ref().is_none_or(|(t, _)| t != task));
     }
 
+    async fn peek_group(&self, bus: &str, shard: u32) -> Result<GroupPositions, StoreError> {
+        let fields: HashMap<String, String> = self
+            .redis
+            .conn()
+            .hgetall(self.group_hash(bus, shard))
+            .await
+            .map_err(|e| redis_error("read positions", &e))?;
+        parse_group(fields)
+    }
+
     async fn load_group(&self, bus: &str, shard: u32) -> Result<GroupPositions, StoreError> {
         let fields: HashMap<String, String> = self
             .redis

@@ -1,0 +1,273 @@
+//! The scaling signal (the "resource manager" of RocketMQ EventBridge's runtime plan):
+//! `GET /api/v1/scaling` tells an autoscaler how far behind the cluster is and how many
+//! replicas it wants.
+//!
+//! Every replica samples the whole cluster's backlog every few seconds from the stores
+//! (each bus shard's end and the committed positions of its subscriptions; in distributed
+//! mode that is Redis, so any replica answers for all). From the samples of the last minute
+//! it derives the trend of the backlog and the rate at which subscriptions move through
+//! their shards. The desired replica count follows the convention of KEDA's lag scalers:
+//! one replica per `target_lag` events of backlog (the backlog a minute from now if it is
+//! growing), at least one, and never more than there are tasks to run.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{RawQuery, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::ingress::IngressState;
+use crate::problem::Problem;
+use crate::store::StoreError;
+
+/// How often each replica samples the backlog.
+const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+/// The span the trend and the rate are measured over.
+const WINDOW: Duration = Duration::from_secs(60);
+/// How far ahead a growing backlog is projected.
+const HORIZON_SECS: f64 = 60.0;
+const DEFAULT_TARGET_LAG: u64 = 1000;
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    at: Instant,
+    lag: u64,
+    /// The sum of every subscription's position: how far they all went.
+    progress: u64,
+}
+
+/// Recent samples, oldest first.
+#[derive(Default)]
+pub struct History {
+    samples: Mutex<VecDeque<Sample>>,
+}
+
+impl History {
+    fn push(&self, sample: Sample) {
+        let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        samples.push_back(sample);
+        while samples
+            .front()
+            .is_some_and(|s| sample.at.duration_since(s.at) > WINDOW * 2)
+        {
+            samples.pop_front();
+        }
+    }
+
+    /// The oldest sample within the window before `now`.
+    fn baseline(&self, now: Instant) -> Option<Sample> {
+        let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        samples
+            .iter()
+            .find(|s| now.duration_since(s.at) <= WINDOW)
+            .copied()
+    }
+}
+
+struct Snapshot {
+    lag: u64,
+    progress: u64,
+    /// (subscription, lag), largest first.
+    by_subscription: Vec<(String, u64)>,
+    tasks: u64,
+}
+
+/// The cluster's backlog now, read from the stores.
+async fn snapshot(state: &IngressState) -> Result<Snapshot, StoreError> {
+    let positions = state
+        .positions()
+        .ok_or_else(|| StoreError::Unavailable("the runtime is not started yet".to_string()))?;
+    let buses = state.buses();
+    let connectors = state.connectors();
+    let mut lag = 0u64;
+    let mut progress = 0u64;
+    let mut by_subscription = Vec::new();
+    let mut tasks = 0u64;
+    let mut names: Vec<&String> = connectors.keys().collect();
+    names.sort();
+    for (id, count) in connectors.iter() {
+        // Sources (`source/{name}`) are tasks too, with no backlog of their own here.
+        if id.splitn(3, '/').count() < 3 {
+            tasks += u64::from(*count);
+        }
+    }
+    let mut bus_names: Vec<&String> = buses.keys().collect();
+    bus_names.sort();
+    for bus in bus_names {
+        let Some(log) = buses.get(bus) else { continue };
+        let prefix = format!("{bus}/");
+        let subscriptions: Vec<&String> = names
+            .iter()
+            .copied()
+            .filter(|id| id.starts_with(&prefix) && id.splitn(3, '/').count() == 3)
+            .collect();
+        tasks += u64::from(log.shards());
+        let mut sub_lag = vec![0u64; subscriptions.len()];
+        for shard in 0..log.shards() {
+            let end = log.end(shard).await?;
+            let group = positions.peek_group(bus, shard).await?;
+            for (i, id) in subscriptions.iter().enumerate() {
+                // A subscription with no position yet starts at the end of the shard.
+                let at = group.of(&id[prefix.len()..]).unwrap_or(end).min(end);
+                sub_lag[i] += end - at;
+                progress += at;
+            }
+        }
+        for (id, l) in subscriptions.into_iter().zip(sub_lag) {
+            lag += l;
+            by_subscription.push((id.clone(), l));
+        }
+    }
+    by_subscription.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    Ok(Snapshot {
+        lag,
+        progress,
+        by_subscription,
+        tasks,
+    })
+}
+
+/// Samples the backlog until `stop`.
+pub async fn sample(state: Arc<IngressState>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        match snapshot(&state).await {
+            Ok(s) => state.scaling.push(Sample {
+                at: Instant::now(),
+                lag: s.lag,
+                progress: s.progress,
+            }),
+            Err(e) => tracing::debug!(error = %e, "cannot sample the backlog"),
+        }
+    }
+}
+
+/// One replica per `target_lag` events of (projected) backlog, within `[1, max]`.
+fn desired(lag: u64, trend: Option<f64>, target_lag: u64, max: u64) -> u64 {
+    let projected = match trend {
+        Some(t) if t > 0.0 => lag as f64 + t * HORIZON_SECS,
+        _ => lag as f64,
+    };
+    let wanted = (projected / target_lag.max(1) as f64).ceil() as u64;
+    wanted.clamp(1, max.max(1))
+}
+
+fn parse_query(query: Option<&str>) -> Result<(u64, Option<u64>), Problem> {
+    let mut target_lag = DEFAULT_TARGET_LAG;
+    let mut max = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let number = || {
+            value.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                Problem::bad_request(key, format!("`{key}` must be a positive integer"))
+            })
+        };
+        match key {
+            "target_lag" => target_lag = number()?,
+            "max_replicas" => max = Some(number()?),
+            other => {
+                return Err(Problem::bad_request(
+                    other,
+                    format!("unknown parameter `{other}` (known: target_lag, max_replicas)"),
+                ))
+            }
+        }
+    }
+    Ok((target_lag, max))
+}
+
+/// `GET /api/v1/scaling[?target_lag=N&max_replicas=M]`.
+pub async fn handler(
+    State(state): State<Arc<IngressState>>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let (target_lag, max_replicas) = match parse_query(query.as_deref()) {
+        Ok(q) => q,
+        Err(problem) => return problem.into_response(),
+    };
+    let now = Instant::now();
+    let snap = match snapshot(&state).await {
+        Ok(s) => s,
+        Err(e) => return Problem::unavailable(e.to_string(), 2).into_response(),
+    };
+    let replicas = match state.cluster.members().await {
+        Ok(members) => members.len() as u64,
+        Err(e) => return Problem::unavailable(e.to_string(), 2).into_response(),
+    };
+    let (trend, rate, window) = match state.scaling.baseline(now) {
+        Some(base) if now.duration_since(base.at) >= SAMPLE_EVERY => {
+            let secs = now.duration_since(base.at).as_secs_f64();
+            (
+                Some((snap.lag as f64 - base.lag as f64) / secs),
+                Some(snap.progress.saturating_sub(base.progress) as f64 / secs),
+                Some(secs),
+            )
+        }
+        _ => (None, None, None),
+    };
+    let cap = max_replicas.unwrap_or(snap.tasks).min(snap.tasks.max(1));
+    let top: Vec<_> = snap
+        .by_subscription
+        .iter()
+        .filter(|(_, l)| *l > 0)
+        .take(10)
+        .map(|(id, l)| json!({"subscription": id, "lag_events": l}))
+        .collect();
+    (
+        [(header::CACHE_CONTROL, "no-store")],
+        Json(json!({
+            "lag_events": snap.lag,
+            "lag_trend_events_per_second": trend,
+            "processed_events_per_second": rate,
+            "processed_events_per_second_per_replica": rate.map(|r| r / replicas.max(1) as f64),
+            "window_seconds": window,
+            "replicas": replicas,
+            "tasks": snap.tasks,
+            "target_lag": target_lag,
+            "desired_replicas": desired(snap.lag, trend, target_lag, cap),
+            "most_behind": top,
+        })),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn desired_follows_the_backlog_and_its_growth_within_bounds() {
+        assert_eq!(desired(0, None, 1000, 8), 1);
+        assert_eq!(desired(2500, None, 1000, 8), 3);
+        // Growing by 50 events/s: a minute later it is 5500.
+        assert_eq!(desired(2500, Some(50.0), 1000, 8), 6);
+        // Shrinking: the backlog as it is.
+        assert_eq!(desired(2500, Some(-50.0), 1000, 8), 3);
+        assert_eq!(
+            desired(1_000_000, None, 1000, 8),
+            8,
+            "never more than the tasks"
+        );
+    }
+
+    #[test]
+    fn query_parameters_are_checked() {
+        assert_eq!(parse_query(None).unwrap(), (1000, None));
+        assert_eq!(
+            parse_query(Some("target_lag=50&max_replicas=4")).unwrap(),
+            (50, Some(4))
+        );
+        assert!(parse_query(Some("target_lag=0")).is_err());
+        assert!(parse_query(Some("targetlag=5")).is_err());
+    }
+}
