@@ -162,22 +162,26 @@ fn desired(lag: u64, trend: Option<f64>, target_lag: u64, max: u64) -> u64 {
     wanted.clamp(1, max.max(1))
 }
 
-fn parse_query(query: Option<&str>) -> Result<(u64, Option<u64>), Problem> {
+/// The parameters, or (the parameter at fault, why).
+fn parse_query(query: Option<&str>) -> Result<(u64, Option<u64>), (String, String)> {
     let mut target_lag = DEFAULT_TARGET_LAG;
     let mut max = None;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         let number = || {
             value.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                Problem::bad_request(key, format!("`{key}` must be a positive integer"))
+                (
+                    key.to_string(),
+                    format!("`{key}` must be a positive integer"),
+                )
             })
         };
         match key {
             "target_lag" => target_lag = number()?,
             "max_replicas" => max = Some(number()?),
             other => {
-                return Err(Problem::bad_request(
-                    other,
+                return Err((
+                    other.to_string(),
                     format!("unknown parameter `{other}` (known: target_lag, max_replicas)"),
                 ))
             }
@@ -193,7 +197,7 @@ pub async fn handler(
 ) -> Response {
     let (target_lag, max_replicas) = match parse_query(query.as_deref()) {
         Ok(q) => q,
-        Err(problem) => return problem.into_response(),
+        Err((field, detail)) => return Problem::bad_request(field, detail).into_response(),
     };
     let now = Instant::now();
     let snap = match snapshot(&state).await {
