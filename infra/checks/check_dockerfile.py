@@ -8,6 +8,7 @@ Exits 1 listing every problem found.
 
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 from sluice_config import INFRA, check_config, image_env
@@ -38,6 +39,15 @@ def check(dockerfile, binary):
     builds = [args for op, args in steps if op == "RUN" and "cargo build" in args]
     if not any(re.search(r"cargo build --release --locked -p sluice-gateway\b", b) for b in builds):
         problems.append("no `cargo build --release --locked -p sluice-gateway`")
+    # The toolchain and the version label follow the workspace.
+    workspace = tomllib.loads((INFRA.parent / "Cargo.toml").read_text())["workspace"]["package"]
+    args = dict(a.split("=", 1) for op, a in steps if op == "ARG" and "=" in a)
+    pinned = tuple(int(n) for n in args.get("RUST_VERSION", "0").split("."))
+    needed = tuple(int(n) for n in workspace["rust-version"].split("."))
+    if pinned < needed[: len(pinned)]:
+        problems.append(f"RUST_VERSION {args.get('RUST_VERSION')} is older than the workspace's rust-version {workspace['rust-version']}")
+    if args.get("VERSION") != workspace["version"]:
+        problems.append(f"ARG VERSION {args.get('VERSION')} is not the workspace version {workspace['version']}")
     user = (ops.get("USER") or [""])[-1].split(":")[0]
     if user in ("", "0", "root"):
         problems.append("the image runs as root (no USER, or USER root)")
