@@ -251,6 +251,14 @@ def check_workload(overlay, docs, binary):
             query = (triggers.get("prometheus") or {}).get("metadata", {}).get("query", "")
             if "sluice_subscription_lag_events" not in query:
                 say("the ScaledObject does not scale on sluice_subscription_lag_events")
+            # KEDA's admission webhook (2.17 and later): a fallback needs a trigger other
+            # than cpu or memory whose metric type is AverageValue.
+            scaled = by_kind["ScaledObject"][0]["spec"] if "ScaledObject" in by_kind else {}
+            if scaled.get("fallback") and not any(
+                t["type"] not in ("cpu", "memory") and t.get("metricType", "AverageValue") == "AverageValue"
+                for t in scaled.get("triggers", [])
+            ):
+                say("the ScaledObject's fallback needs a trigger (not cpu or memory) of metricType AverageValue")
         if spec.get("strategy", {}).get("rollingUpdate", {}).get("maxUnavailable") not in (0, "0", "0%"):
             say("a rollout may take a replica away before its successor is ready (maxUnavailable)")
     return problems
