@@ -1,16 +1,20 @@
-"""Checks infra/compose.yaml: the services the demo must have, their health checks and start
-order, and every Sluice configuration it mounts (with `sluice check-config`).
+"""Checks infra/compose.yaml: the Compose Specification, the services the demo must have,
+their health checks and start order, and every Sluice configuration it mounts (with
+`sluice check-config`).
 
     python infra/checks/check_compose.py SLUICE_BINARY [COMPOSE_FILE]
 
-No Docker engine runs here, so this reads the file (PyYAML, merge keys resolved) and checks
-what `docker compose up` relies on. Exits 1 listing every problem found.
+No Docker engine runs here, so this reads the file (PyYAML, merge keys resolved), parses it
+with compose-spec (strict: an unknown key or a bad value is an error, as in `docker compose
+config`) and checks what `docker compose up` relies on. Exits 1 listing every problem found.
 """
 
+import json
 import re
 import sys
 from pathlib import Path
 
+import compose_spec
 import yaml
 
 from sluice_config import INFRA, check_config, image_env
@@ -39,6 +43,11 @@ def check(compose_path, binary):
     problems = []
     base = compose_path.parent
     doc = yaml.safe_load(compose_path.read_text())
+    try:
+        # compose-spec reads no merge keys (<<); PyYAML has resolved them.
+        compose_spec.PyCompose.from_json(json.dumps(doc)).validate()
+    except ValueError as error:
+        problems.append(f"not valid Compose: {error}")
     services = doc.get("services") or {}
     declared_volumes = set((doc.get("volumes") or {}).keys())
 
