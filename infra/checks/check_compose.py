@@ -10,7 +10,6 @@ config`) and checks what `docker compose up` relies on. Exits 1 listing every pr
 """
 
 import json
-import py_compile
 import re
 import sys
 from pathlib import Path
@@ -88,9 +87,9 @@ def check(compose_path, binary):
                 # The demo's scripts run as mounted: they must at least compile.
                 for script in sorted((base / source).rglob("*.py")) if (base / source).is_dir() else []:
                     try:
-                        py_compile.compile(str(script), cfile="/dev/null", doraise=True)
-                    except py_compile.PyCompileError as error:
-                        problems.append(f"{name}: {script.name} does not compile: {error.msg}")
+                        compile(script.read_text(), str(script), "exec")
+                    except SyntaxError as error:
+                        problems.append(f"{name}: {script.name}:{error.lineno}: does not compile: {error.msg}")
             elif source not in declared_volumes:
                 problems.append(f"{name}: named volume {source} is not declared")
 
