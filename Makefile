@@ -12,7 +12,7 @@ APT_UPDATED := $(CACHE)/.apt-updated
 ROCKETMQ_DIR := $(CACHE)/rocketmq-1.0.0
 export SLUICE_ROCKETMQ_BIN ?= $(ROCKETMQ_DIR)/bin
 
-.PHONY: run test lint fmt build bench bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq clean help
+.PHONY: run test lint fmt build bench bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq infra-check infra-tools clean help
 
 help:
 	@echo "make run    - start the gateway standalone with sluice.example.toml (http://127.0.0.1:8080)"
@@ -20,6 +20,7 @@ help:
 	@echo "make lint   - rustfmt check and clippy with warnings as errors"
 	@echo "make bench  - ingest benchmark against the baseline, the functions benchmarks, and target throughput"
 	@echo "make rocketmq - build the RocketMQ name server and broker for the tests (once, into the cache)"
+	@echo "make infra-check - validate infra/ (Dockerfile, compose file, Kubernetes manifests); part of make test"
 
 run: build
 	./target/debug/sluice serve --config sluice.example.toml
@@ -29,8 +30,9 @@ build:
 
 # The binary is built for the same package set as nextest builds, so the dependencies are
 # compiled once, with one feature set.
-test: tools venv redis rocketmq
+test: tools venv redis rocketmq infra-tools
 	$(CARGO) build --workspace --bins
+	$(MAKE) --no-print-directory infra-check
 	$(CARGO) nextest run --workspace --no-fail-fast
 
 lint:
@@ -74,6 +76,37 @@ $(VENV)/.installed:
 $(VENV)/.standardwebhooks: $(VENV)/.installed
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check 'standardwebhooks==1.1.0'
 	touch $@
+
+# Deployment files (infra/), validated without a Docker engine or a cluster: hadolint and
+# checkov, every Kubernetes object against the Kubernetes, KEDA and Prometheus Operator
+# schemas (strict), each kustomize overlay built and checked, the compose file's services
+# and health checks, and every shipped Sluice configuration with `sluice check-config`.
+# The tools (infra/checks/requirements.txt, PyPI only) go into their own virtualenv in the
+# cache, installed once (about a minute); the checks take about 20 s.
+INFRA_VENV := $(CACHE)/infra-venv
+INFRA_PY := $(INFRA_VENV)/bin/python -B
+INFRA_OUT := target/infra
+SLUICE_BIN ?= target/debug/sluice
+
+infra-tools: $(INFRA_VENV)/.installed
+
+$(INFRA_VENV)/.installed: infra/checks/requirements.txt
+	$(call apt_install,python3,python3 python3-venv)
+	@python3 -m venv $(INFRA_VENV) 2>/dev/null || { rm -rf $(INFRA_VENV); \
+		mkdir -p $(CACHE); [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv && python3 -m venv $(INFRA_VENV); }
+	$(INFRA_VENV)/bin/pip install --quiet --disable-pip-version-check -r infra/checks/requirements.txt
+	touch $@
+
+# checkov runs with --skip-download: it asks no service for policies or guidelines.
+infra-check: infra-tools
+	@[ -x $(SLUICE_BIN) ] || $(CARGO) build --workspace --bins
+	$(INFRA_VENV)/bin/hadolint infra/Dockerfile
+	$(INFRA_PY) infra/checks/check_dockerfile.py $(SLUICE_BIN)
+	$(INFRA_PY) infra/checks/check_compose.py $(SLUICE_BIN)
+	$(INFRA_PY) infra/checks/check_k8s.py $(SLUICE_BIN) $(INFRA_VENV)/bin/kubectl $(INFRA_OUT)
+	$(INFRA_VENV)/bin/checkov --quiet --compact --skip-download --framework kubernetes -d $(INFRA_OUT)
+	$(INFRA_VENV)/bin/checkov --quiet --compact --skip-download --framework dockerfile -f infra/Dockerfile
 
 # rocketmq-namesrv-rust and rocketmq-broker-rust, into the cache, only when missing.
 rocketmq:
