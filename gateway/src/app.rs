@@ -45,6 +45,17 @@ pub enum StartError {
     Config(String),
 }
 
+/// Resolves when the listener should close: once shutdown starts, readiness fails at once,
+/// and requests are still served for `delay` (load balancers stop sending meanwhile).
+async fn drain(mut stop: watch::Receiver<bool>, state: Arc<IngressState>, delay: Duration) {
+    let _ = stop.wait_for(|s| *s).await;
+    state.start_draining();
+    if !delay.is_zero() {
+        tracing::info!(delay = ?delay, "draining: /readyz answers 503; still serving until the delay ends");
+        tokio::time::sleep(delay).await;
+    }
+}
+
 /// Runs the gateway until `shutdown` resolves, then shuts down in order.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
     let (stop_tx, stop) = watch::channel(false);
@@ -67,12 +78,6 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             addr: config.listen,
             source,
         })?;
-    let wait_stop = {
-        let mut stop = stop.clone();
-        async move {
-            let _ = stop.wait_for(|s| *s).await;
-        }
-    };
     match config.mode {
         Mode::Standalone => {
             let options = LogOptions {
@@ -106,7 +111,8 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             state.set_positions(positions.clone());
             tokio::spawn(crate::scaling::sample(state.clone(), stop.clone()));
             announce(&config, &listener, data.path(), &id);
-            crate::server::serve(listener, ingress::router(state), &config.limits, wait_stop).await;
+            let drain = drain(stop.clone(), state.clone(), config.limits.shutdown_delay);
+            crate::server::serve(listener, ingress::router(state), &config.limits, drain).await;
             tracing::info!("ingress stopped; finishing deliveries");
             worker.shutdown().await;
             for log in &embedded {
@@ -177,7 +183,8 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
                 stop.clone(),
             ));
             announce(&config, &listener, data.path(), &id);
-            crate::server::serve(listener, ingress::router(state), &config.limits, wait_stop).await;
+            let drain = drain(stop.clone(), state.clone(), config.limits.shutdown_delay);
+            crate::server::serve(listener, ingress::router(state), &config.limits, drain).await;
             tracing::info!("ingress stopped; finishing deliveries");
             worker.shutdown().await;
         }

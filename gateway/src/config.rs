@@ -168,6 +168,11 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Requests served at once; more are shed with `503` at once rather than queued.
     pub max_concurrent_requests: usize,
+    /// After SIGTERM: how long `/readyz` answers 503 (so load balancers stop sending) while
+    /// requests are still accepted, before the listener closes and in-flight requests
+    /// finish. 0 closes at once (Kubernetes: the `preStop` hook does the waiting).
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_delay: Duration,
 }
 
 impl Default for Limits {
@@ -180,6 +185,7 @@ impl Default for Limits {
             request_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
             max_concurrent_requests: 1024,
+            shutdown_delay: Duration::ZERO,
         }
     }
 }

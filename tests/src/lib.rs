@@ -297,6 +297,17 @@ impl Sluice {
         self.child.is_some()
     }
 
+    /// Whether the process is alive (not only started: it may have died on its own).
+    pub fn is_alive(&self) -> bool {
+        self.child.as_ref().is_some_and(|child| {
+            Command::new("kill")
+                .args(["-0", &child.id().to_string()])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    }
+
     /// Sends a signal by name (`STOP`, `CONT`, ...) to the running process.
     pub fn signal(&self, name: &str) {
         let child = self.child.as_ref().expect("sluice is running");

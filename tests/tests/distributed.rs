@@ -920,3 +920,166 @@ async fn replicas_resync_to_the_published_configuration_and_shard_changes_are_re
         "{stderr}"
     );
 }
+
+/// Zero-downtime rolling restart: three replicas under steady load, each in turn gets
+/// SIGTERM and is started again. Readiness fails as soon as draining starts, requests in
+/// flight finish, clients see nothing but 202 or 503 with Retry-After (and retry those on
+/// another replica), and every event answered 202 is delivered (the ledger).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_restart_under_load_loses_nothing_and_answers_only_202_or_503() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let (url, prefix) = shared_redis("rolling");
+    let start = || {
+        Sluice::builder()
+            .distributed(&url, &prefix)
+            .limits("shutdown_delay = \"1s\"")
+            .start()
+    };
+    let mut replicas = [start().await, start().await, start().await];
+    replicas[0].wait_members(3).await;
+    replicas[0].wait_tasks_settled(4, 3).await;
+    let urls: Vec<String> = replicas.iter().map(|r| r.events_url()).collect();
+
+    // A load balancer: it sends only to replicas whose /readyz said 200 at its last probe
+    // (every 50 ms), one id after another, round-robin; a 503 is tried again elsewhere.
+    // Bounded: at most 50,000 ids (it stops when told).
+    let acked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let unexpected = Arc::new(Mutex::new(Vec::<String>::new()));
+    let done = Arc::new(AtomicBool::new(false));
+    let ready: Arc<Vec<AtomicBool>> = Arc::new((0..3).map(|_| AtomicBool::new(true)).collect());
+    let probes: Vec<_> = replicas
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let (ready, done, url) = (ready.clone(), done.clone(), r.url("/readyz"));
+            tokio::spawn(async move {
+                let client = reqwest::Client::builder()
+                    .timeout(Duration::from_secs(1))
+                    .build()
+                    .unwrap();
+                while !done.load(Ordering::Relaxed) {
+                    let ok = client
+                        .get(&url)
+                        .send()
+                        .await
+                        .is_ok_and(|r| r.status() == StatusCode::OK);
+                    ready[i].store(ok, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+        })
+        .collect();
+    let load = {
+        let (acked, unexpected, done, urls, ready) = (
+            acked.clone(),
+            unexpected.clone(),
+            done.clone(),
+            urls.clone(),
+            ready.clone(),
+        );
+        tokio::spawn(async move {
+            let client = reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap();
+            let mut next = 0usize;
+            for i in 0..50_000 {
+                if done.load(Ordering::Relaxed) {
+                    break;
+                }
+                let id = format!("roll-{i}");
+                for _attempt in 0..200 {
+                    next += 1;
+                    if !ready[next % urls.len()].load(Ordering::Relaxed) {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                    let url = &urls[next % urls.len()];
+                    match sluice_tests::binary(&client, url, &id, "{}").send().await {
+                        Ok(r) if r.status() == StatusCode::ACCEPTED => {
+                            acked.lock().unwrap().push(id.clone());
+                            break;
+                        }
+                        Ok(r) if r.status() == StatusCode::SERVICE_UNAVAILABLE => {
+                            if !r.headers().contains_key("retry-after") {
+                                unexpected
+                                    .lock()
+                                    .unwrap()
+                                    .push(format!("{id}: 503 without Retry-After"));
+                            }
+                        }
+                        Ok(r) => unexpected
+                            .lock()
+                            .unwrap()
+                            .push(format!("{id}: {}", r.status())),
+                        Err(e) => unexpected.lock().unwrap().push(format!("{id}: {e:?}")),
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        })
+    };
+
+    let client = reqwest::Client::new();
+    for i in 0..replicas.len() {
+        let before = acked.lock().unwrap().len();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while acked.lock().unwrap().len() < before + 50 {
+            assert!(Instant::now() < deadline, "the load stalled");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        replicas[i].signal("TERM");
+        // Readiness fails at once while requests are still served (shutdown_delay).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let r = client.get(replicas[i].url("/readyz")).send().await.unwrap();
+            if r.status() == StatusCode::SERVICE_UNAVAILABLE {
+                let body: serde_json::Value = r.json().await.unwrap();
+                assert!(
+                    body["detail"].as_str().unwrap().contains("shutting down"),
+                    "{body}"
+                );
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "/readyz never turned 503 while draining"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            replicas[i].terminate().success(),
+            "clean exit after SIGTERM"
+        );
+        replicas[i].restart().await;
+        replicas[(i + 1) % 3].wait_members(3).await;
+    }
+    let before = acked.lock().unwrap().len();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while acked.lock().unwrap().len() < before + 50 {
+        assert!(
+            Instant::now() < deadline,
+            "the load stalled after the restarts"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    done.store(true, Ordering::Relaxed);
+    load.await.unwrap();
+    for probe in probes {
+        probe.await.unwrap();
+    }
+
+    let unexpected = unexpected.lock().unwrap().clone();
+    assert!(unexpected.is_empty(), "clients saw: {unexpected:?}");
+    let acked: HashSet<String> = acked.lock().unwrap().iter().cloned().collect();
+    let refs: Vec<&Sluice> = replicas.iter().collect();
+    let (lines, distinct) = wait_all_delivered(&refs, &acked).await;
+    eprintln!(
+        "rolling restart: {} acknowledged, {lines} delivered lines, {distinct} distinct, {} duplicates",
+        acked.len(),
+        lines - distinct
+    );
+    assert!(acked.len() >= 200, "the load ran: {}", acked.len());
+}

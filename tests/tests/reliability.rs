@@ -229,7 +229,7 @@ async fn a_store_that_cannot_write_answers_503_and_is_not_ready_until_it_can_aga
     assert!(detail.contains("nothing was kept"), "{problem}");
     assert!(detail.to_lowercase().contains("too large"), "{problem}");
     assert!(
-        sluice.is_running(),
+        sluice.is_alive(),
         "a file-size limit must not kill the process (SIGXFSZ)"
     );
 

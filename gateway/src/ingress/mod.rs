@@ -34,6 +34,8 @@ pub struct IngressState {
     connectors: RwLock<Arc<HashMap<String, u32>>>,
     pub limits: Limits,
     pub cluster: Arc<dyn Cluster>,
+    /// Set when shutdown starts: readiness fails from then on.
+    draining: std::sync::atomic::AtomicBool,
     /// Read (never written) by the scaling signal.
     positions: RwLock<Option<Arc<dyn crate::store::PositionStore>>>,
     pub scaling: crate::scaling::History,
@@ -50,9 +52,16 @@ impl IngressState {
             connectors: RwLock::new(Arc::new(HashMap::new())),
             limits,
             cluster,
+            draining: std::sync::atomic::AtomicBool::new(false),
             positions: RwLock::new(None),
             scaling: crate::scaling::History::default(),
         }
+    }
+
+    /// Shutdown started: `/readyz` answers 503 from now on.
+    pub fn start_draining(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     pub fn set_positions(&self, positions: Arc<dyn crate::store::PositionStore>) {
@@ -98,7 +107,27 @@ pub fn router(state: Arc<IngressState>) -> Router {
         .route("/readyz", get(ready).fallback(get_only))
         .route("/metrics", get(metrics).fallback(get_only))
         .with_state(state.clone());
-    probes.merge(limited(state))
+    probes
+        .merge(limited(state.clone()))
+        .layer(middleware::from_fn_with_state(state, close_when_draining))
+}
+
+/// While draining, every answer says `Connection: close`: clients open their next request
+/// elsewhere instead of reusing a kept-alive connection that is about to close (which
+/// would fail a request already on its way). HTTP/2 gets a GOAWAY at the close instead.
+async fn close_when_draining(
+    State(state): State<Arc<IngressState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let mut response = next.run(request).await;
+    if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
+        response.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 /// Everything but the probes, behind the limits of `[limits]`.
@@ -176,6 +205,10 @@ async fn live(State(state): State<Arc<IngressState>>) -> Response {
 }
 
 async fn ready(State(state): State<Arc<IngressState>>) -> Response {
+    if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
+        return Problem::unavailable("shutting down: finishing the requests in flight", 5)
+            .into_response();
+    }
     if !state.cluster.healthy() {
         return Problem::unavailable("the cluster store (Redis) is not reachable", 2)
             .into_response();
