@@ -150,6 +150,54 @@ impl Parsed {
 /// The stored form is written directly: the SDK serialises the attributes, the body is
 /// appended as `data` (JSON, checked but not rebuilt), as a JSON string (text) or as
 /// `data_base64`. It decodes to the same event the SDK would build from the request.
+/// Whether `value` is a W3C `traceparent` this gateway can pass on: version `00` (or a
+/// later version with the same first four fields), a trace id and a parent id that are not
+/// all zeros, lower-case hex.
+pub fn valid_traceparent(value: &str) -> bool {
+    let parts: Vec<&str> = value.split('-').collect();
+    let hex = |s: &str, len: usize| {
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    parts.len() >= 4
+        && hex(parts[0], 2)
+        && parts[0] != "ff"
+        && (parts[0] != "00" || parts.len() == 4)
+        && hex(parts[1], 32)
+        && parts[1].bytes().any(|b| b != b'0')
+        && hex(parts[2], 16)
+        && parts[2].bytes().any(|b| b != b'0')
+        && hex(parts[3], 2)
+}
+
+/// The CloudEvents distributed-tracing extension from the request's W3C trace context
+/// (`traceparent`, `tracestate` headers), for an event that does not carry its own: the
+/// trace goes on through the gateway to every target. An invalid `traceparent` is ignored,
+/// as the W3C specification asks.
+pub fn inherit_trace_context(event: &mut Event, headers: &HeaderMap) {
+    if event.extension("traceparent").is_some() {
+        return;
+    }
+    let Some(parent) = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| valid_traceparent(v))
+    else {
+        return;
+    };
+    event.set_extension("traceparent", parent.to_string());
+    if let Some(state) = headers
+        .get("tracestate")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && v.len() <= 512 && check_text("tracestate", v).is_ok())
+    {
+        event.set_extension("tracestate", state.to_string());
+    }
+}
+
 pub fn from_binary(headers: &HeaderMap, body: &[u8]) -> Result<Parsed, EventError> {
     let mut event = blank_event()?;
     let mut seen = [false; 3];
@@ -225,6 +273,7 @@ pub fn from_binary(headers: &HeaderMap, body: &[u8]) -> Result<Parsed, EventErro
     }
     let ct = content_type.as_deref().map(essence);
     event.set_datacontenttype(content_type);
+    inherit_trace_context(&mut event, headers);
     let mut stored =
         encode(&event).map_err(|e| EventError::invalid("event", format!("cannot encode: {e}")))?;
     if !body.is_empty() {
@@ -618,6 +667,28 @@ pub fn partition_key(event: &Event) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn traceparent_is_checked_as_the_w3c_format_says() {
+        assert!(valid_traceparent(
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        ));
+        // A later version may add fields.
+        assert!(valid_traceparent(
+            "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-x"
+        ));
+        for bad in [
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-x",
+            "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+            "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c8031-b7ad6b7169203331-01",
+            "garbage",
+        ] {
+            assert!(!valid_traceparent(bad), "{bad}");
+        }
+    }
+
     use super::*;
     use http::HeaderValue;
 

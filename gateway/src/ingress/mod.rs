@@ -283,7 +283,20 @@ async fn post_events(
     } else {
         "unknown".to_string()
     };
-    let response = handle_events(state, bus, request).await;
+    // The request id: the caller's `X-Request-Id` when it is a sane token, else a new one;
+    // every log line of the request carries it (span field), and the answer echoes it.
+    let request_id = request
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map_or_else(|| format!("{:032x}", fastrand::u128(..)), str::to_string);
+    let span = tracing::info_span!("request", request_id = %request_id, bus = %label, mode);
+    let mut response =
+        tracing::Instrument::instrument(handle_events(state, bus, request), span).await;
+    if let Ok(value) = http::HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert("x-request-id", value);
+    }
     let m = crate::metrics::get();
     let bus_mode = crate::metrics::BusModeLabels {
         bus: label.clone(),
@@ -353,12 +366,25 @@ async fn handle_events(state: Arc<IngressState>, bus: String, request: Request) 
     let entries: Vec<Entry> = match mode {
         ContentMode::Binary => vec![encode(cloudevent::from_binary(&parts.headers, &body))],
         ContentMode::Structured => vec![encode(
-            cloudevent::from_structured(&body).and_then(cloudevent::Parsed::encode),
+            cloudevent::from_structured(&body)
+                .map(|mut e| {
+                    cloudevent::inherit_trace_context(&mut e, &parts.headers);
+                    e
+                })
+                .and_then(cloudevent::Parsed::encode),
         )],
         ContentMode::Batch => match cloudevent::from_batch(&body, limits.max_batch_events) {
             Ok(events) => events
                 .into_iter()
-                .map(|e| encode(e.and_then(cloudevent::Parsed::encode)))
+                .map(|e| {
+                    encode(
+                        e.map(|mut e| {
+                            cloudevent::inherit_trace_context(&mut e, &parts.headers);
+                            e
+                        })
+                        .and_then(cloudevent::Parsed::encode),
+                    )
+                })
                 .collect(),
             Err(e) => return event_problem(e).into_response(),
         },

@@ -224,7 +224,14 @@ impl Delivery {
     /// Cancelling it (dropping the future) is safe: the position has not moved, so the batch
     /// is delivered again later (at least once).
     pub async fn deliver(&self, events: &[Envelope]) {
-        self.deliver_batch(events).await;
+        let span = tracing::info_span!(
+            "deliver",
+            subscription = %self.subscription,
+            rule = %self.rule,
+            target = %self.target.describe(),
+            events = events.len()
+        );
+        tracing::Instrument::instrument(self.deliver_batch(events), span).await;
         self.settled();
     }
 

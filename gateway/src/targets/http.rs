@@ -219,6 +219,15 @@ pub(crate) fn encode(envelope: &Envelope, mode: BodyMode) -> Result<Request, Tar
     let content_type = cloudevents::AttributesReader::datacontenttype(event.as_ref())
         .unwrap_or("application/json")
         .to_string();
+    // The W3C trace context goes on as HTTP headers in every mode, so the receiver's
+    // tracing joins the producer's trace (binary mode also has it as ce- attributes).
+    for name in ["traceparent", "tracestate"] {
+        if let Some(value) = event.extension(name) {
+            if let Ok(value) = HeaderValue::from_str(&value.to_string()) {
+                headers.insert(HeaderName::from_static(name), value);
+            }
+        }
+    }
     // A transform that produced a raw body replaces the event: it goes out as it is.
     if let Some(body) = &envelope.body {
         if let Ok(v) = HeaderValue::from_str(&body.content_type) {

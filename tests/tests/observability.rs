@@ -1,4 +1,5 @@
-//! `GET /metrics` against the real binary: the counters move with what really happened.
+//! Operations against the real binary: `GET /metrics` counters move with what really happened,
+//! the scaling signal reports the backlog, and W3C trace context crosses the gateway.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -278,4 +279,92 @@ async fn scaling_signal_reports_the_cluster_backlog_from_any_replica() {
         assert!(Instant::now() < deadline, "backlog never drained: {body}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A producer's W3C `traceparent`/`tracestate` become the event's distributed-tracing
+/// extension and go on to the target as headers (binary and structured mode alike); an
+/// invalid one is ignored; every answer carries the request id.
+#[tokio::test]
+async fn trace_context_crosses_the_gateway_and_requests_have_ids() {
+    use sluice_tests::receiver::Receiver;
+    let binary_rx = Receiver::start().await;
+    let structured_rx = Receiver::start().await;
+    let rules = format!(
+        r#"
+[[rules]]
+name = "hooks"
+bus = "default"
+
+[[rules.targets]]
+type = "http"
+name = "bin"
+url = "{}"
+
+[[rules.targets]]
+type = "http"
+name = "structured"
+url = "{}"
+mode = "structured"
+"#,
+        binary_rx.url("/b"),
+        structured_rx.url("/s")
+    );
+    let sluice = Sluice::builder().extra(&rules).start().await;
+    let client = reqwest::Client::new();
+    let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let r = binary(&client, &sluice.events_url(), "traced", "{}")
+        .header("traceparent", parent)
+        .header("tracestate", "congo=t61rcWkgMzE")
+        .header("x-request-id", "req-123")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    assert_eq!(r.headers()["x-request-id"], "req-123");
+    let r = binary(&client, &sluice.events_url(), "bad-trace", "{}")
+        .header(
+            "traceparent",
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let generated = r.headers()["x-request-id"].to_str().unwrap().to_string();
+    assert_eq!(
+        generated.len(),
+        32,
+        "a request id is made when none is given"
+    );
+
+    let events = sluice
+        .wait_delivered(Duration::from_secs(10), |e| e.len() >= 2)
+        .await;
+    let traced = events.iter().find(|e| e["id"] == "traced").unwrap();
+    assert_eq!(traced["traceparent"], parent);
+    assert_eq!(traced["tracestate"], "congo=t61rcWkgMzE");
+    let untraced = events.iter().find(|e| e["id"] == "bad-trace").unwrap();
+    assert!(untraced.get("traceparent").is_none(), "{untraced}");
+
+    for rx in [&binary_rx, &structured_rx] {
+        let got = rx.wait_for(Duration::from_secs(10), |r| r.len() >= 2).await;
+        let traced = got
+            .iter()
+            .find(|r| {
+                r.header("ce-id") == Some("traced")
+                    || r.json().get("id").and_then(|v| v.as_str()) == Some("traced")
+            })
+            .unwrap();
+        assert_eq!(traced.header("traceparent"), Some(parent));
+        assert_eq!(traced.header("tracestate"), Some("congo=t61rcWkgMzE"));
+        let other = got.iter().find(|r| !std::ptr::eq(*r, traced)).unwrap();
+        assert_eq!(other.header("traceparent"), None);
+    }
+    assert!(
+        binary_rx
+            .received()
+            .iter()
+            .any(|r| r.header("ce-traceparent") == Some(parent)),
+        "binary mode also carries it as the extension"
+    );
 }
