@@ -525,3 +525,43 @@ fn errors_in_nested_tables_point_at_the_nested_key() {
         "{out}"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Item 5: a store that rolled back must not make new events invisible.
+
+/// What a power loss with `durability = "os"` can leave: the log lost records that the
+/// subscription's committed position had already passed. New events get those sequence
+/// numbers again; they must be delivered, not skipped, and the loss must be said.
+#[tokio::test]
+async fn a_log_that_lost_its_tail_delivers_new_events_instead_of_skipping_them() {
+    let mut sluice = Sluice::builder().shards(1).start().await;
+    let client = reqwest::Client::new();
+    for i in 0..10 {
+        post(&client, &sluice.events_url(), &format!("before-{i}"), "{}").await;
+    }
+    sluice
+        .wait_delivered(Duration::from_secs(10), |e| e.len() >= 10)
+        .await;
+    assert!(sluice.terminate().success());
+    // The records are gone; the positions file (committed at shutdown) still says 10.
+    let shard = sluice
+        .data_dir()
+        .join("buses")
+        .join("default")
+        .join("shard-0");
+    for entry in std::fs::read_dir(&shard).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    sluice.restart().await;
+    for i in 0..3 {
+        post(&client, &sluice.events_url(), &format!("after-{i}"), "{}").await;
+    }
+    let events = sluice
+        .wait_delivered(Duration::from_secs(15), |e| {
+            (0..3).all(|i| e.iter().any(|x| x["id"] == format!("after-{i}")))
+        })
+        .await;
+    assert_eq!(events.len(), 13, "the new events once each");
+    let log = sluice.log();
+    assert!(log.contains("the store rolled back"), "{log}");
+}

@@ -51,6 +51,9 @@ const LANE_QUEUE_BYTES: usize = 1024 * 1024;
 /// cannot hold the others back. Keeps memory bounded whatever the number of rules.
 const SHARD_QUEUE_BYTES: usize = 16 * 1024 * 1024;
 
+/// How often an idle shard reader checks that the log did not roll back under it.
+const ROLLBACK_CHECK: Duration = Duration::from_secs(5);
+
 /// How often each lane's lag (`sluice_subscription_lag_events`) is computed.
 const LAG_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -198,7 +201,7 @@ impl ShardTask {
         self.positions.own_group(&bus.name, shard, &self.lease);
         let mut backoff = self.delivery.initial_backoff;
         // Load positions (retrying while the store is down, as long as the lease lasts).
-        let (group, end) = loop {
+        let (mut group, end) = loop {
             match self.load(&bus).await {
                 Ok(found) => break found,
                 Err(e) => {
@@ -209,6 +212,7 @@ impl ShardTask {
                 }
             }
         };
+        rolled_back(&self.id, &mut group, end);
         let cursor = group.shared.unwrap_or(end);
         let lanes: Vec<Arc<Lane>> = bus
             .subscriptions
@@ -353,6 +357,34 @@ impl ShardTask {
         let (bus, positions) = shared.positions();
         self.positions.set_group(&bus, self.shard, positions);
         *recorded = changes;
+    }
+}
+
+/// Positions past the end of the log mean the store lost events it had (an embedded log
+/// after a power loss with durability `os`, Redis restarted from an older snapshot or failed
+/// over to a lagging replica): new events now get the sequence numbers those positions are
+/// already past, and would never be delivered. Such positions go back to the end of the
+/// log, so everything appended from now on is delivered; what was lost is said in the log.
+fn rolled_back(task: &str, group: &mut GroupPositions, end: Seq) {
+    let mut behind_end = Vec::new();
+    if let Some(shared) = group.shared.filter(|s| *s > end) {
+        behind_end.push(("(shared)".to_string(), shared));
+        group.shared = Some(end);
+    }
+    for (name, p) in group.own.iter_mut() {
+        if *p > end {
+            behind_end.push((name.clone(), *p));
+            *p = end;
+        }
+    }
+    if let Some(highest) = behind_end.iter().map(|(_, p)| *p).max() {
+        tracing::error!(
+            task,
+            log_end = end,
+            position = highest,
+            subscriptions = behind_end.len(),
+            "the log ends before positions already committed: the store rolled back and lost the events from `log_end` up to `position`; delivering from the log's end so new events are not skipped"
+        );
     }
 }
 
@@ -823,6 +855,7 @@ struct ReaderLoop {
 
 impl ReaderLoop {
     async fn run(&mut self) {
+        let mut idle_check = tokio::time::Instant::now();
         loop {
             if self.shared.stopping() {
                 return;
@@ -845,7 +878,23 @@ impl ReaderLoop {
                 continue;
             };
             match reader.read_wait(self.batch, self.read_wait).await {
+                Ok(records) if records.is_empty() => {
+                    // Idle: now and then check the log still reaches the reader's position
+                    // (a store that rolled back underneath never will). The task ends and
+                    // is started again, which puts the positions back at the log's end.
+                    if idle_check.elapsed() >= ROLLBACK_CHECK {
+                        idle_check = tokio::time::Instant::now();
+                        if let Ok(end) = self.log.end(self.shared.shard).await {
+                            if end < cursor {
+                                let bus = lock(&self.shared.dispatch).bus.name.clone();
+                                tracing::error!(bus = %bus, shard = self.shared.shard, log_end = end, position = cursor, "the log now ends before the reader's position: the store rolled back; restarting the shard task");
+                                return;
+                            }
+                        }
+                    }
+                }
                 Ok(records) => {
+                    idle_check = tokio::time::Instant::now();
                     self.backoff = self.shared.delivery.initial_backoff;
                     if let Some(first) = records.first() {
                         if first.seq > cursor {
