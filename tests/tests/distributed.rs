@@ -452,6 +452,49 @@ async fn fenced_commit_is_refused_after_the_lease_moved() {
     b.leave().await;
 }
 
+/// A RocketMQ source task's queue positions (`{source}@{broker}`, one per queue) are
+/// fenced by its lease like every other position: once the task moved to another worker,
+/// the old one cannot commit what it read. Through the library because the lease must
+/// lapse between a `set` and its `flush` (the binary-level counterparts are
+/// `a_paused_worker_does_not_deliver_once_its_tasks_moved` and the source takeover test
+/// in rocketmq_source.rs, which checks no queue resumes below its committed position).
+#[tokio::test]
+async fn a_source_task_that_moved_away_cannot_commit_its_queue_positions() {
+    let (url, prefix) = shared_redis("source-fence");
+    let redis = Redis::connect(&url, &prefix, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let options = ClusterOptions {
+        heartbeat: Duration::from_millis(100),
+        member_ttl: Duration::from_millis(300),
+        lease_ttl: Duration::from_millis(300),
+    };
+    let a = RedisCluster::join(redis.clone(), "worker-a", options.clone());
+    let b = RedisCluster::join(redis.clone(), "worker-b", options);
+    let task = "source/mq-in#0";
+    let key = "source/mq-in@broker-a";
+    let lease_a = a.acquire(task).await.unwrap().expect("free lease");
+    let positions_a = RedisPositions::new(redis.clone(), "worker-a");
+    positions_a.own(key, 3, &lease_a);
+    positions_a.set(key, 3, 40);
+    assert!(positions_a.flush().await.unwrap().is_empty());
+
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let lease_b = b.acquire(task).await.unwrap().expect("lapsed lease");
+    // a read on while it was away: its commit is refused and names the task to stop.
+    positions_a.set(key, 3, 55);
+    assert_eq!(positions_a.flush().await.unwrap(), vec![task.to_string()]);
+    assert_eq!(positions_a.committed(key, 3).await.unwrap(), Some(40));
+
+    let positions_b = RedisPositions::new(redis, "worker-b");
+    positions_b.own(key, 3, &lease_b);
+    positions_b.set(key, 3, 45);
+    assert!(positions_b.flush().await.unwrap().is_empty());
+    assert_eq!(positions_b.committed(key, 3).await.unwrap(), Some(45));
+    a.leave().await;
+    b.leave().await;
+}
+
 /// Through the library, not the binary: a flush must fail at a chosen moment (Redis gone
 /// between `set` and `flush`) and the next one must carry the kept positions; the binary
 /// path is `redis_restart_answers_503_then_resumes_without_loss`.
