@@ -2,7 +2,8 @@
 //! `GET /api/v1/scaling` tells an autoscaler how far behind the cluster is and how many
 //! replicas it wants.
 //!
-//! Every replica samples the whole cluster's backlog every few seconds from the stores
+//! Every replica asked for it samples the whole cluster's backlog every few seconds (for ten
+//! minutes after the last request: nobody asking, nothing is read) from the stores
 //! (each bus shard's end and the committed positions of its subscriptions; in distributed
 //! mode that is Redis, so any replica answers for all). From the samples of the last minute
 //! it derives the trend of the backlog and the rate at which subscriptions move through
@@ -45,9 +46,26 @@ struct Sample {
 #[derive(Default)]
 pub struct History {
     samples: Mutex<VecDeque<Sample>>,
+    /// When the signal was last asked for: nobody asking, nothing is sampled (it costs
+    /// reads of every shard's positions).
+    asked: Mutex<Option<Instant>>,
 }
 
+/// How long after the last request the backlog is still sampled.
+const KEEP_SAMPLING: Duration = Duration::from_secs(600);
+
 impl History {
+    fn asked_now(&self) {
+        *self.asked.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    }
+
+    fn wanted(&self) -> bool {
+        self.asked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|at| at.elapsed() < KEEP_SAMPLING)
+    }
+
     fn push(&self, sample: Sample) {
         let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         samples.push_back(sample);
@@ -141,6 +159,9 @@ pub async fn sample(state: Arc<IngressState>, mut stop: watch::Receiver<bool>) {
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
+        if !state.scaling.wanted() {
+            continue;
+        }
         match snapshot(&state).await {
             Ok(s) => state.scaling.push(Sample {
                 at: Instant::now(),
@@ -199,6 +220,7 @@ pub async fn handler(
         Ok(q) => q,
         Err((field, detail)) => return Problem::bad_request(field, detail).into_response(),
     };
+    state.scaling.asked_now();
     let now = Instant::now();
     let snap = match snapshot(&state).await {
         Ok(s) => s,
