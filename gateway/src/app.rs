@@ -23,6 +23,8 @@ use crate::store::embedded::{DataDir, LogOptions};
 use crate::store::redis::{ClusterOptions, Redis, RedisCluster, RedisLog, RedisPositions};
 use crate::store::{BusLog, PositionStore, StoreError};
 use crate::targets;
+use crate::webhooks::dedup::{MemoryDedup, RedisDedup};
+use crate::webhooks::Webhooks;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -103,6 +105,10 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
                 cluster,
             ));
             state.set_connectors(plan.connectors());
+            state.set_webhooks(
+                Webhooks::build(&config.webhooks, Arc::new(MemoryDedup::default()))
+                    .map_err(StartError::Config)?,
+            );
             announce(&config, &listener, data.path(), &id);
             crate::server::serve(listener, ingress::router(state), &config.limits, wait_stop).await;
             tracing::info!("ingress stopped; finishing deliveries");
@@ -163,6 +169,10 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
                 shared,
             ));
             state.set_connectors(plan.connectors());
+            state.set_webhooks(
+                Webhooks::build(&config.webhooks, Arc::new(RedisDedup::new(redis.clone())))
+                    .map_err(StartError::Config)?,
+            );
             tokio::spawn(follow_config(
                 config.clone(),
                 cluster.clone(),

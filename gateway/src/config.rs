@@ -76,6 +76,10 @@ pub struct Config {
     /// Source connectors that feed buses (besides HTTP ingress).
     #[serde(default)]
     pub sources: Vec<crate::sources::SourceConfig>,
+    /// Webhook sources (`POST /webhooks/{name}`). Each replica takes them from its own
+    /// file: their secrets are not shared through the cluster store.
+    #[serde(default)]
+    pub webhooks: Vec<crate::webhooks::WebhookConfig>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -871,6 +875,7 @@ impl Config {
             }
             source.check().map_err(&bad)?;
         }
+        crate::webhooks::check(&self.webhooks, &buses).map_err(|(at, m)| invalid(at, m))?;
         let l = &self.limits;
         let limit = |what: &str| ConfigError::Invalid {
             path: path.to_path_buf(),

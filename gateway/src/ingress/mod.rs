@@ -32,6 +32,8 @@ pub struct IngressState {
     /// The connectors of the running configuration and their number of tasks (the admin
     /// API refuses to act on anything else).
     connectors: RwLock<Arc<HashMap<String, u32>>>,
+    /// The webhook sources (`POST /webhooks/{name}`) and their dedup store.
+    webhooks: RwLock<Arc<crate::webhooks::Webhooks>>,
     pub limits: Limits,
     pub cluster: Arc<dyn Cluster>,
 }
@@ -45,6 +47,7 @@ impl IngressState {
         IngressState {
             buses: RwLock::new(Arc::new(buses)),
             connectors: RwLock::new(Arc::new(HashMap::new())),
+            webhooks: RwLock::new(Arc::new(crate::webhooks::Webhooks::empty())),
             limits,
             cluster,
         }
@@ -60,6 +63,17 @@ impl IngressState {
 
     pub fn set_connectors(&self, connectors: HashMap<String, u32>) {
         *self.connectors.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(connectors);
+    }
+
+    pub fn webhooks(&self) -> Arc<crate::webhooks::Webhooks> {
+        self.webhooks
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn set_webhooks(&self, webhooks: crate::webhooks::Webhooks) {
+        *self.webhooks.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(webhooks);
     }
 
     pub fn buses(&self) -> Arc<HashMap<String, Arc<dyn BusLog>>> {
@@ -90,11 +104,14 @@ fn limited(state: Arc<IngressState>) -> Router {
     Router::new()
         .route(
             "/buses/{bus}/events",
-            post(post_events).fallback(|m: Method| async move {
-                Problem::method_not_allowed(m.as_str(), "POST")
-            }),
+            post(post_events)
+                .options(crate::webhooks::bus_options)
+                .fallback(|m: Method| async move {
+                    Problem::method_not_allowed(m.as_str(), "POST, OPTIONS")
+                }),
         )
         .merge(crate::admin::routes())
+        .merge(crate::webhooks::routes())
         .fallback(|uri: Uri| async move { Problem::not_found(uri.path()) })
         .with_state(state)
         .layer(
@@ -179,7 +196,7 @@ async fn ready(State(state): State<Arc<IngressState>>) -> Response {
 }
 
 /// One entry of a request: a parsed event or the reason it was refused.
-type Entry = Result<(String, Bytes, u32), EventError>;
+pub(crate) type Entry = Result<(String, Bytes, u32), EventError>;
 
 async fn post_events(
     State(state): State<Arc<IngressState>>,
@@ -204,34 +221,7 @@ async fn post_events(
         Err(problem) => return problem.into_response(),
     };
     let shards = log.shards();
-    let encode = |parsed: Result<cloudevent::Parsed, EventError>| -> Entry {
-        let cloudevent::Parsed {
-            event,
-            stored: bytes,
-        } = parsed?;
-        if bytes.len() > limits.max_event_bytes {
-            return Err(EventError::too_large(
-                "limits.max_event_bytes",
-                format!(
-                    "the event is {} bytes; at most {} are accepted",
-                    bytes.len(),
-                    limits.max_event_bytes
-                ),
-            ));
-        }
-        // Accept exactly what delivery can read: anything else would stall its shard.
-        cloudevent::check_stored(&bytes)?;
-        let shard = shard_of(&cloudevent::partition_key(&event), shards);
-        // The store's tail cache keeps these bytes and counts their length: no spare
-        // capacity from the encoder's growth may ride along.
-        let mut bytes = bytes;
-        bytes.shrink_to_fit();
-        Ok((
-            cloudevents::AttributesReader::id(&event).to_string(),
-            Bytes::from(bytes),
-            shard,
-        ))
-    };
+    let encode = |parsed: Result<cloudevent::Parsed, EventError>| entry(parsed, shards, limits);
     let entries: Vec<Entry> = match mode {
         ContentMode::Binary => vec![encode(cloudevent::from_binary(&parts.headers, &body))],
         ContentMode::Structured => vec![encode(
@@ -254,7 +244,42 @@ async fn post_events(
     respond(mode, entries, stored)
 }
 
-async fn read_body(
+/// A parsed event made ready for the store: size and read-back checked, its shard chosen.
+/// Webhook sources store through this too.
+pub(crate) fn entry(
+    parsed: Result<cloudevent::Parsed, EventError>,
+    shards: u32,
+    limits: &Limits,
+) -> Entry {
+    let cloudevent::Parsed {
+        event,
+        stored: bytes,
+    } = parsed?;
+    if bytes.len() > limits.max_event_bytes {
+        return Err(EventError::too_large(
+            "limits.max_event_bytes",
+            format!(
+                "the event is {} bytes; at most {} are accepted",
+                bytes.len(),
+                limits.max_event_bytes
+            ),
+        ));
+    }
+    // Accept exactly what delivery can read: anything else would stall its shard.
+    cloudevent::check_stored(&bytes)?;
+    let shard = shard_of(&cloudevent::partition_key(&event), shards);
+    // The store's tail cache keeps these bytes and counts their length: no spare
+    // capacity from the encoder's growth may ride along.
+    let mut bytes = bytes;
+    bytes.shrink_to_fit();
+    Ok((
+        cloudevents::AttributesReader::id(&event).to_string(),
+        Bytes::from(bytes),
+        shard,
+    ))
+}
+
+pub(crate) async fn read_body(
     headers: &http::HeaderMap,
     body: Body,
     limit: usize,
@@ -287,7 +312,7 @@ async fn read_body(
 
 /// Appends the valid entries, grouped by shard so each shard gets one append per request.
 /// Returns, per entry, whether it was stored (`None` for entries that were invalid).
-async fn store(log: &dyn BusLog, entries: &[Entry]) -> Vec<Option<Result<(), StoreError>>> {
+pub(crate) async fn store(log: &dyn BusLog, entries: &[Entry]) -> Vec<Option<Result<(), StoreError>>> {
     let mut by_shard: HashMap<u32, Vec<usize>> = HashMap::new();
     for (i, entry) in entries.iter().enumerate() {
         if let Ok((_, _, shard)) = entry {
@@ -364,7 +389,7 @@ fn respond(
     problem.into_response()
 }
 
-fn event_problem(e: EventError) -> Problem {
+pub(crate) fn event_problem(e: EventError) -> Problem {
     match e.kind {
         ErrorKind::Invalid => Problem::invalid_event(e.field, e.message),
         ErrorKind::TooLarge => Problem::too_large(&e.field, e.message),
@@ -372,7 +397,7 @@ fn event_problem(e: EventError) -> Problem {
     }
 }
 
-fn store_problem(e: &StoreError) -> Problem {
+pub(crate) fn store_problem(e: &StoreError) -> Problem {
     match e {
         StoreError::Busy(m) => Problem::unavailable(m.clone(), 1),
         StoreError::Unavailable(m) | StoreError::Corrupt(m) => Problem::unavailable(
