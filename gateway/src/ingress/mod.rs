@@ -312,7 +312,10 @@ pub(crate) async fn read_body(
 
 /// Appends the valid entries, grouped by shard so each shard gets one append per request.
 /// Returns, per entry, whether it was stored (`None` for entries that were invalid).
-pub(crate) async fn store(log: &dyn BusLog, entries: &[Entry]) -> Vec<Option<Result<(), StoreError>>> {
+pub(crate) async fn store(
+    log: &dyn BusLog,
+    entries: &[Entry],
+) -> Vec<Option<Result<(), StoreError>>> {
     let mut by_shard: HashMap<u32, Vec<usize>> = HashMap::new();
     for (i, entry) in entries.iter().enumerate() {
         if let Ok((_, _, shard)) = entry {

@@ -72,7 +72,10 @@ impl Dedup for MemoryDedup {
                 Some((Held::Pending(_), until)) if *until > now => Reserve::InFlight,
                 _ => {
                     let t = token();
-                    map.insert(key.to_string(), (Held::Pending(t.clone()), now + RESERVATION));
+                    map.insert(
+                        key.to_string(),
+                        (Held::Pending(t.clone()), now + RESERVATION),
+                    );
                     Reserve::Taken(t)
                 }
             }

@@ -245,7 +245,9 @@ pub struct Webhook {
 
 fn resolve(value: &str) -> Result<String, String> {
     match value.strip_prefix("env:") {
-        Some(var) => std::env::var(var).map_err(|_| format!("environment variable {var} is not set")),
+        Some(var) => {
+            std::env::var(var).map_err(|_| format!("environment variable {var} is not set"))
+        }
         None => Ok(value.to_string()),
     }
 }
@@ -256,10 +258,17 @@ fn header_name(field: &str, name: &str) -> Result<String, String> {
         .map_err(|_| format!("{field}: `{name}` is not a valid header name"))
 }
 
-fn pick(field: &str, header: Option<&String>, jsonpath: Option<&String>) -> Result<Option<Pick>, String> {
+fn pick(
+    field: &str,
+    header: Option<&String>,
+    jsonpath: Option<&String>,
+) -> Result<Option<Pick>, String> {
     match (header, jsonpath) {
         (Some(_), Some(_)) => Err(format!("{field}: set `header` or `jsonpath`, not both")),
-        (Some(h), None) => Ok(Some(Pick::Header(header_name(&format!("{field}.header"), h)?))),
+        (Some(h), None) => Ok(Some(Pick::Header(header_name(
+            &format!("{field}.header"),
+            h,
+        )?))),
         (None, Some(p)) => parse_path(p)
             .map(|steps| Some(Pick::Json(steps)))
             .map_err(|m| format!("{field}.jsonpath: {m}")),
@@ -409,7 +418,10 @@ impl Webhook {
                     "extensions.{name}: an extension name is 1 to 20 lower-case letters and digits, and not a CloudEvents attribute"
                 ));
             }
-            extensions.push((name.clone(), header_name(&format!("extensions.{name}"), header)?));
+            extensions.push((
+                name.clone(),
+                header_name(&format!("extensions.{name}"), header)?,
+            ));
         }
         let source = config
             .source
@@ -493,7 +505,11 @@ fn generic_hmac(v: &VerifyConfig) -> Result<Scheme, String> {
         "sha1" => Algorithm::Sha1,
         "sha256" => Algorithm::Sha256,
         "sha512" => Algorithm::Sha512,
-        other => return Err(format!("verify.algorithm: `{other}` (sha1, sha256 or sha512)")),
+        other => {
+            return Err(format!(
+                "verify.algorithm: `{other}` (sha1, sha256 or sha512)"
+            ))
+        }
     };
     let encoding = match v.encoding.as_deref().unwrap_or("hex") {
         "hex" => Encoding::Hex,
@@ -518,9 +534,7 @@ fn generic_hmac(v: &VerifyConfig) -> Result<Scheme, String> {
             },
         }),
         (None, true) => {
-            return Err(
-                "verify.signed uses {timestamp}: set verify.timestamp_header".to_string(),
-            )
+            return Err("verify.signed uses {timestamp}: set verify.timestamp_header".to_string())
         }
         (None, false) => {
             if v.timestamp_format.is_some() {
@@ -747,7 +761,7 @@ async fn receive(
     } else {
         None
     };
-    if let Some(answer) = provider_handshake(&hook, &parts.headers, json.as_ref()) {
+    if let Some(answer) = provider_handshake(&hook, &signed, json.as_ref()) {
         return answer;
     }
     let inputs = Inputs {
@@ -830,7 +844,11 @@ async fn receive(
     match (result, key, token) {
         (Some(Ok(())), key, token) => {
             if let (Some(key), Some(token)) = (key, token) {
-                if let Err(e) = webhooks.dedup.confirm(&key, &token, hook.dedup_window).await {
+                if let Err(e) = webhooks
+                    .dedup
+                    .confirm(&key, &token, hook.dedup_window)
+                    .await
+                {
                     // Stored: the provider must hear so. A retry of it may be stored again.
                     tracing::warn!(webhook = %hook.name, error = %e, "cannot record the delivery id");
                 }
@@ -871,16 +889,28 @@ async fn reserve(dedup: &dyn Dedup, key: &str) -> Result<Reserve, crate::store::
 /// The providers' own endpoint checks, answered once the request's signature is verified
 /// (Zoom's answer is an HMAC of a token the caller picks: unverified, it would sign
 /// anything).
-fn provider_handshake(hook: &Webhook, headers: &HeaderMap, json: Option<&Value>) -> Option<Response> {
+fn provider_handshake(
+    hook: &Webhook,
+    request: &Signed<'_>,
+    json: Option<&Value>,
+) -> Option<Response> {
     let json = json?;
+    let headers = request.headers;
     match hook.preset.as_str() {
         "slack" if json.get("type").and_then(Value::as_str) == Some("url_verification") => {
             let challenge = json.get("challenge").and_then(Value::as_str)?;
             Some((StatusCode::OK, Json(json!({"challenge": challenge}))).into_response())
         }
         "zoom" if json.get("event").and_then(Value::as_str) == Some("endpoint.url_validation") => {
-            let plain = json.pointer("/payload/plainToken").and_then(Value::as_str)?;
-            let secret = hook.secrets.first()?;
+            let plain = json
+                .pointer("/payload/plainToken")
+                .and_then(Value::as_str)?;
+            // The secret that signed this request (with several configured, in rotation).
+            let secret = hook.secrets.iter().find(|s| {
+                hook.scheme
+                    .verify(request, std::slice::from_ref(s), hook.tolerance)
+                    .is_ok()
+            })?;
             let encrypted = verify::hex(&verify::hmac(
                 Algorithm::Sha256,
                 secret.bytes(),
@@ -928,7 +958,10 @@ mod tests {
         assert!(parse_path("$.a..b").is_err());
         assert!(parse_path("$.a[x]").is_err());
         let v = json!({"a": {"b": [0, 1, {"c": "x"}]}});
-        assert_eq!(walk(&v, &parse_path("a.b[2].c").unwrap()), Some(&json!("x")));
+        assert_eq!(
+            walk(&v, &parse_path("a.b[2].c").unwrap()),
+            Some(&json!("x"))
+        );
     }
 
     fn config(text: &str) -> Result<Webhook, String> {
@@ -942,19 +975,27 @@ mod tests {
         let err = |t: &str| config(&format!("{base}{t}")).err().unwrap_or_default();
         assert!(err("verify = { preset = \"github\" }").contains("verify.secret"));
         assert!(err("verify = { preset = \"nope\", secret = \"s\" }").contains("verify.preset"));
-        assert!(err("verify = { preset = \"github\", secret = \"env:SLUICE_UNSET_VAR_X\" }")
-            .contains("SLUICE_UNSET_VAR_X is not set"));
+        assert!(
+            err("verify = { preset = \"github\", secret = \"env:SLUICE_UNSET_VAR_X\" }")
+                .contains("SLUICE_UNSET_VAR_X is not set")
+        );
         assert!(err("verify = { preset = \"twilio\", secret = \"s\" }").contains("url"));
-        assert!(err("verify = { preset = \"github\", secret = \"s\", tolerance = \"1m\" }")
-            .contains("verify.tolerance"));
+        assert!(
+            err("verify = { preset = \"github\", secret = \"s\", tolerance = \"1m\" }")
+                .contains("verify.tolerance")
+        );
         assert!(err("verify = { preset = \"hmac\", secret = \"s\" }").contains("verify.header"));
         assert!(err(
             "verify = { preset = \"hmac\", secret = \"s\", header = \"x-sig\", signed = \"{timestamp}.{body}\" }"
         )
         .contains("timestamp_header"));
-        assert!(err("verify = { preset = \"github\", secret = \"s\" }\nextensions = { Bad = \"x\" }")
-            .contains("extensions.Bad"));
-        assert!(err("verify = { preset = \"github\", secret = \"s\", bogus = 1 }").contains("bogus"));
+        assert!(err(
+            "verify = { preset = \"github\", secret = \"s\" }\nextensions = { Bad = \"x\" }"
+        )
+        .contains("extensions.Bad"));
+        assert!(
+            err("verify = { preset = \"github\", secret = \"s\", bogus = 1 }").contains("bogus")
+        );
         assert!(config(&format!(
             "{base}verify = {{ preset = \"hmac\", secrets = [\"a\", \"b\"], header = \"x-sig\", algorithm = \"sha512\", encoding = \"base64\", signed = \"{{timestamp}}.{{body}}\", timestamp_header = \"x-ts\" }}"
         ))

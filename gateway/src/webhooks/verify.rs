@@ -339,7 +339,10 @@ impl Scheme {
                     });
                 }
                 let Some(given) = given.strip_prefix(prefix.as_str()) else {
-                    return Err(err(name, format!("the signature does not start with `{prefix}`")));
+                    return Err(err(
+                        name,
+                        format!("the signature does not start with `{prefix}`"),
+                    ));
                 };
                 for secret in secrets {
                     let expected = encode(*encoding, &hmac(*algorithm, secret.bytes(), &pieces));
@@ -619,7 +622,11 @@ mod tests {
         // Rotation: the right key among others.
         let other = standard_webhooks_key("whsec_c2VjcmV0").unwrap();
         assert_eq!(
-            scheme.verify(&signed(&h, "", body, 1_614_265_330), &[other.clone(), key], 300),
+            scheme.verify(
+                &signed(&h, "", body, 1_614_265_330),
+                &[other.clone(), key],
+                300
+            ),
             Ok(())
         );
         assert!(scheme
