@@ -771,13 +771,6 @@ async fn receive(
     let (provider_id, kind, time) = hook.attributes(&inputs);
     let id = provider_id.clone().unwrap_or_else(generated_id);
     let mut ce = HeaderMap::new();
-    let mut set = |name: &'static str, field: &str, value: &str| -> Result<(), Problem> {
-        let v = ce_value(value).ok_or_else(|| {
-            Problem::bad_request(field.to_string(), "the value cannot be carried")
-        })?;
-        ce.insert(HeaderName::from_static(name), v);
-        Ok(())
-    };
     let mut attributes = vec![
         ("ce-specversion", "specversion", "1.0".to_string()),
         ("ce-id", "id", id.clone()),
@@ -787,9 +780,14 @@ async fn receive(
     if let Some(t) = time {
         attributes.push(("ce-time", "time", t));
     }
-    for (h, field, value) in &attributes {
-        if let Err(p) = set(h, field, value) {
-            return p.into_response();
+    for (name, field, value) in attributes {
+        match ce_value(&value) {
+            Some(v) => {
+                ce.insert(HeaderName::from_static(name), v);
+            }
+            None => {
+                return Problem::bad_request(field, "the value cannot be carried").into_response()
+            }
         }
     }
     for (ext, from) in &hook.extensions {

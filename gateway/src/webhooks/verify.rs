@@ -616,7 +616,11 @@ mod tests {
         ]);
         let key = standard_webhooks_key("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
         assert_eq!(
-            scheme.verify(&signed(&h, "", body, 1_614_265_330), &[key.clone()], 300),
+            scheme.verify(
+                &signed(&h, "", body, 1_614_265_330),
+                std::slice::from_ref(&key),
+                300
+            ),
             Ok(())
         );
         // Rotation: the right key among others.
