@@ -23,7 +23,7 @@ use crate::store::embedded::{DataDir, LogOptions};
 use crate::store::redis::{ClusterOptions, Redis, RedisCluster, RedisLog, RedisPositions};
 use crate::store::{BusLog, PositionStore, StoreError};
 use crate::targets;
-use crate::webhooks::dedup::{MemoryDedup, RedisDedup};
+use crate::webhooks::dedup::{Dedup, MemoryDedup, RedisDedup};
 use crate::webhooks::Webhooks;
 
 #[derive(Debug, thiserror::Error)]
@@ -106,7 +106,7 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             ));
             state.set_connectors(plan.connectors());
             state.set_webhooks(
-                Webhooks::build(&config.webhooks, Arc::new(MemoryDedup::default()))
+                Webhooks::build(&config.webhooks, standalone_dedup(data.path())?)
                     .map_err(StartError::Config)?,
             );
             announce(&config, &listener, data.path(), &id);
@@ -190,6 +190,13 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
     }
     tracing::info!("shutdown complete");
     Ok(())
+}
+
+/// Standalone webhook dedup records, kept in the data directory across restarts.
+fn standalone_dedup(data_dir: &Path) -> Result<Arc<dyn Dedup>, StoreError> {
+    MemoryDedup::persistent(&data_dir.join("webhook-dedup.jsonl"))
+        .map(|d| Arc::new(d) as Arc<dyn Dedup>)
+        .map_err(|e| StoreError::io("cannot open webhook-dedup.jsonl", &e))
 }
 
 fn announce(config: &Config, listener: &tokio::net::TcpListener, data_dir: &Path, id: &str) {

@@ -420,7 +420,7 @@ async fn handshakes_are_answered() {
 
 #[tokio::test]
 async fn a_redelivered_id_is_stored_once() {
-    let sluice = Sluice::builder().shards(1).extra(&config()).start().await;
+    let mut sluice = Sluice::builder().shards(1).extra(&config()).start().await;
     let client = reqwest::Client::new();
     let url = sluice.url("/webhooks/github");
     let (body, ct) = body_of("github", "dup-1");
@@ -444,6 +444,19 @@ async fn a_redelivered_id_is_stored_once() {
         })
         .await;
     assert_eq!(ids(&events), vec!["dup-1", "dup-2", "marker"]);
+
+    // The records survive a restart (standalone: a file in the data directory).
+    sluice.terminate();
+    sluice.restart().await;
+    let (status, answer) = send(&client, &url, &body, ct, &h).await;
+    assert_eq!((status, &answer["status"]), (200, &json!("duplicate")));
+    post(&client, &sluice.events_url(), "marker-2", "{}").await;
+    let events = sluice
+        .wait_delivered(Duration::from_secs(30), |e| {
+            ids(e).contains(&"marker-2".to_string())
+        })
+        .await;
+    assert_eq!(ids(&events), vec!["dup-1", "dup-2", "marker", "marker-2"]);
 }
 
 /// Two replicas sharing Redis get every delivery at the same time (a provider's retry
