@@ -283,7 +283,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("dedup.jsonl");
         let d = MemoryDedup::persistent(&path).unwrap();
-        for (key, window) in [("kept\nline", 3600_000), ("short", 1)] {
+        for (key, window) in [("kept\nline", 3_600_000), ("short", 1)] {
             let Reserve::Taken(t) = d.reserve(key).await.unwrap() else {
                 panic!()
             };
