@@ -411,8 +411,10 @@ impl Scheme {
             }
             Scheme::Basic => {
                 let value = header(request.headers, "authorization")?;
-                let Some(b64) = value.strip_prefix("Basic ") else {
-                    return Err(err("authorization", "not `Basic` credentials"));
+                // The scheme name is case-insensitive (RFC 9110 §11.1).
+                let b64 = match value.split_once(' ') {
+                    Some((scheme, rest)) if scheme.eq_ignore_ascii_case("basic") => rest,
+                    _ => return Err(err("authorization", "not `Basic` credentials")),
                 };
                 let given = base64::engine::general_purpose::STANDARD
                     .decode(b64.trim())
@@ -679,7 +681,7 @@ mod tests {
         assert!(token
             .verify(&signed(&h, "", b"", 0), &[Secret::new("s3cre")], 0)
             .is_err());
-        let h = headers(&[("authorization", "Basic dXNlcjpwdw==")]);
+        let h = headers(&[("authorization", "basic dXNlcjpwdw==")]);
         assert_eq!(
             Scheme::Basic.verify(&signed(&h, "", b"", 0), &[Secret::new("user:pw")], 0),
             Ok(())
