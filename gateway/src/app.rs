@@ -105,6 +105,7 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
                 cluster,
             ));
             state.set_connectors(plan.connectors());
+            state.set_bus_dedup(plan.dedup.clone());
             state.set_webhooks(
                 Webhooks::build(&config.webhooks, standalone_dedup(data.path())?)
                     .map_err(StartError::Config)?,
@@ -169,6 +170,7 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
                 shared,
             ));
             state.set_connectors(plan.connectors());
+            state.set_bus_dedup(plan.dedup.clone());
             state.set_webhooks(
                 Webhooks::build(&config.webhooks, Arc::new(RedisDedup::new(redis.clone())))
                     .map_err(StartError::Config)?,
@@ -330,11 +332,21 @@ fn build_plan(
             sources.push(Arc::new(Source::new(source.clone(), log.clone())));
         }
     }
+    let dedup = channels
+        .buses
+        .iter()
+        .filter_map(|b| {
+            b.dedup_window
+                .filter(|w| !w.is_zero())
+                .map(|w| (b.name.get_ref().clone(), w))
+        })
+        .collect();
     Ok(Plan {
         version,
         buses,
         sources,
         logs,
+        dedup,
     })
 }
 
@@ -420,6 +432,7 @@ async fn follow_config(
                 version = v;
                 ingress.set_buses(plan.logs.clone());
                 ingress.set_connectors(plan.connectors());
+                ingress.set_bus_dedup(plan.dedup.clone());
                 plans.send_replace(plan);
             }
             Ok(None) => {}

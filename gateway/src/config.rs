@@ -245,6 +245,29 @@ pub struct BusConfig {
     /// Number of shards; fixed once the bus has stored events.
     #[serde(default = "defaults::shards")]
     pub shards: u32,
+    /// Opt-in: a CloudEvent whose `source` + `id` this bus already stored within this
+    /// window is answered as a duplicate and not stored again.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_duration",
+        serialize_with = "ser_optional_duration"
+    )]
+    pub dedup_window: Option<Duration>,
+}
+
+fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
+}
+
+fn ser_optional_duration<S: serde::Serializer>(
+    d: &Option<Duration>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => crate::runtime::delivery::ser_duration(d, s),
+        None => s.serialize_none(),
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -1142,6 +1165,7 @@ mod tests {
 [[buses]]
 name = "orders"
 shards = 3
+dedup_window = "90s"
 
 [[rules]]
 name = "big"

@@ -512,3 +512,114 @@ async fn distributed_replicas_store_a_concurrent_delivery_once() {
         "one dedup record per delivery, under the prefix"
     );
 }
+
+/// A bus that opts in (`dedup_window`) stores a CloudEvent's `source` + `id` once, also
+/// within one batch and across a restart; other buses are not deduplicated.
+#[tokio::test]
+async fn a_bus_with_a_dedup_window_stores_each_cloudevent_once() {
+    let extra = r#"
+[[buses]]
+name = "once"
+shards = 2
+dedup_window = "1h"
+
+[[rules]]
+name = "once-to-file"
+bus = "once"
+
+[[rules.targets]]
+type = "file"
+name = "once-file"
+path = "{data_dir}/once.jsonl"
+"#;
+    let mut sluice = Sluice::builder().extra(extra).start().await;
+    let client = reqwest::Client::new();
+    let url = sluice.url("/buses/once/events");
+    let post_one = |id: &'static str, source: &'static str| {
+        client
+            .post(&url)
+            .header("ce-specversion", "1.0")
+            .header("ce-id", id)
+            .header("ce-source", source)
+            .header("ce-type", "t")
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+    };
+    let status = |r: reqwest::Response| async move {
+        let code = r.status().as_u16();
+        let body: Value = r.json().await.unwrap();
+        (
+            code,
+            body["entries"][0]["status"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        )
+    };
+    assert_eq!(
+        status(post_one("e1", "/a").await.unwrap()).await,
+        (202, "accepted".into())
+    );
+    assert_eq!(
+        status(post_one("e1", "/a").await.unwrap()).await,
+        (202, "duplicate".into())
+    );
+    assert_eq!(
+        status(post_one("e1", "/b").await.unwrap()).await,
+        (202, "accepted".into())
+    );
+    let batch = json!([
+        {"specversion": "1.0", "id": "e1", "source": "/a", "type": "t"},
+        {"specversion": "1.0", "id": "e2", "source": "/a", "type": "t"},
+        {"specversion": "1.0", "id": "e2", "source": "/a", "type": "t"},
+    ]);
+    let r = client
+        .post(&url)
+        .header("content-type", "application/cloudevents-batch+json")
+        .body(batch.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let body: Value = r.json().await.unwrap();
+    let statuses: Vec<&str> = body["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["duplicate", "accepted", "duplicate"], "{body}");
+    assert_eq!(body["failedEntryCount"], 0);
+
+    sluice.terminate();
+    sluice.restart().await;
+    assert_eq!(
+        status(post_one("e2", "/a").await.unwrap()).await,
+        (202, "duplicate".into())
+    );
+    assert_eq!(
+        status(post_one("e3", "/a").await.unwrap()).await,
+        (202, "accepted".into())
+    );
+    let path = sluice.data_dir().join("once.jsonl");
+    let events = sluice_tests::wait_jsonl(&path, Duration::from_secs(30), |e| e.len() >= 4).await;
+    let mut got: Vec<String> = events
+        .iter()
+        .map(|e| {
+            format!(
+                "{}{}",
+                e["source"].as_str().unwrap(),
+                e["id"].as_str().unwrap()
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got, ["/ae1", "/ae2", "/ae3", "/be1"]);
+    // The default bus does not deduplicate.
+    post(&client, &sluice.events_url(), "same", "{}").await;
+    post(&client, &sluice.events_url(), "same", "{}").await;
+    sluice
+        .wait_delivered(Duration::from_secs(30), |e| ids(e).len() == 2)
+        .await;
+}

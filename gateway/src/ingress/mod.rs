@@ -34,6 +34,8 @@ pub struct IngressState {
     connectors: RwLock<Arc<HashMap<String, u32>>>,
     /// The webhook sources (`POST /webhooks/{name}`) and their dedup store.
     webhooks: RwLock<Arc<crate::webhooks::Webhooks>>,
+    /// The dedup window of each bus that opted in to CloudEvents deduplication.
+    bus_dedup: RwLock<Arc<HashMap<String, Duration>>>,
     pub limits: Limits,
     pub cluster: Arc<dyn Cluster>,
 }
@@ -48,6 +50,7 @@ impl IngressState {
             buses: RwLock::new(Arc::new(buses)),
             connectors: RwLock::new(Arc::new(HashMap::new())),
             webhooks: RwLock::new(Arc::new(crate::webhooks::Webhooks::empty())),
+            bus_dedup: RwLock::new(Arc::new(HashMap::new())),
             limits,
             cluster,
         }
@@ -74,6 +77,18 @@ impl IngressState {
 
     pub fn set_webhooks(&self, webhooks: crate::webhooks::Webhooks) {
         *self.webhooks.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(webhooks);
+    }
+
+    pub fn set_bus_dedup(&self, windows: HashMap<String, Duration>) {
+        *self.bus_dedup.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(windows);
+    }
+
+    fn bus_dedup(&self, bus: &str) -> Option<Duration> {
+        self.bus_dedup
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(bus)
+            .copied()
     }
 
     pub fn buses(&self) -> Arc<HashMap<String, Arc<dyn BusLog>>> {
@@ -221,7 +236,19 @@ async fn post_events(
         Err(problem) => return problem.into_response(),
     };
     let shards = log.shards();
-    let encode = |parsed: Result<cloudevent::Parsed, EventError>| entry(parsed, shards, limits);
+    let window = state.bus_dedup(&bus);
+    // The dedup key of each entry (`source` + `id`), when the bus opted in.
+    let mut keys: Vec<Option<String>> = Vec::new();
+    let mut encode = |parsed: Result<cloudevent::Parsed, EventError>| {
+        keys.push(window.and(parsed.as_ref().ok()).map(|p| {
+            let source = cloudevents::AttributesReader::source(&p.event).to_string();
+            let id = cloudevents::AttributesReader::id(&p.event);
+            // Length-prefixed: no (source, id) pair can spell another's key; `~` keeps
+            // them apart from webhook sources' keys (names have no `~`).
+            format!("~bus:{bus}:{}:{source}:{id}", source.len())
+        }));
+        entry(parsed, shards, limits)
+    };
     let entries: Vec<Entry> = match mode {
         ContentMode::Binary => vec![encode(cloudevent::from_binary(&parts.headers, &body))],
         ContentMode::Structured => vec![encode(
@@ -240,8 +267,69 @@ async fn post_events(
             return event_problem(e.clone()).into_response();
         }
     }
-    let stored = store(log.as_ref(), &entries).await;
-    respond(mode, entries, stored)
+    let Some(window) = window else {
+        let stored = store(log.as_ref(), &entries).await;
+        return respond(mode, entries, stored, &[]);
+    };
+    // Reserve each key, store what is not a duplicate, then keep (or drop) the records.
+    let dedup = state.webhooks().dedup();
+    let mut duplicates = vec![false; entries.len()];
+    // Held by another request still undecided: not stored now, retried by the producer.
+    let mut busy = vec![false; entries.len()];
+    let mut tokens: Vec<Option<(String, String)>> = vec![None; entries.len()];
+    let mut seen = std::collections::HashSet::new();
+    for (i, key) in keys.iter().enumerate() {
+        let (Some(key), Ok(_)) = (key, &entries[i]) else {
+            continue;
+        };
+        // The same event twice in one batch: the first is stored, the others are duplicates.
+        if !seen.insert(key.as_str()) {
+            duplicates[i] = true;
+            continue;
+        }
+        match crate::webhooks::reserve(dedup.as_ref(), key).await {
+            Ok(crate::webhooks::dedup::Reserve::Taken(token)) => {
+                tokens[i] = Some((key.clone(), token));
+            }
+            Ok(crate::webhooks::dedup::Reserve::Duplicate) => duplicates[i] = true,
+            Ok(crate::webhooks::dedup::Reserve::InFlight) => busy[i] = true,
+            Err(e) => {
+                for (key, token) in tokens.iter().flatten() {
+                    let _ = dedup.release(key, token).await;
+                }
+                return store_problem(&e).into_response();
+            }
+        }
+    }
+    let to_store: Vec<Entry> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| match e {
+            Ok(_) if duplicates[i] || busy[i] => Err(EventError::invalid("id", "not stored")),
+            _ => e.clone(),
+        })
+        .collect();
+    let mut stored = store(log.as_ref(), &to_store).await;
+    for (i, held) in busy.iter().enumerate() {
+        if *held {
+            stored[i] = Some(Err(StoreError::Busy(
+                "an event with this source and id is being stored by another request; retry shortly"
+                    .to_string(),
+            )));
+        }
+    }
+    for (i, token) in tokens.iter().enumerate() {
+        let Some((key, token)) = token else { continue };
+        let result = if matches!(stored[i], Some(Ok(()))) {
+            dedup.confirm(key, token, window).await
+        } else {
+            dedup.release(key, token).await
+        };
+        if let Err(e) = result {
+            tracing::warn!(bus = %bus, error = %e, "cannot record an event's dedup key");
+        }
+    }
+    respond(mode, entries, stored, &duplicates)
 }
 
 /// A parsed event made ready for the store: size and read-back checked, its shard chosen.
@@ -347,6 +435,7 @@ fn respond(
     mode: ContentMode,
     entries: Vec<Entry>,
     stored: Vec<Option<Result<(), StoreError>>>,
+    duplicates: &[bool],
 ) -> Response {
     let mut failed = 0;
     let mut store_failures = 0;
@@ -355,6 +444,9 @@ fn respond(
         .zip(&stored)
         .enumerate()
         .map(|(index, (entry, stored))| match (entry, stored) {
+            (Ok((id, _, _)), _) if duplicates.get(index).copied().unwrap_or(false) => {
+                json!({"id": id, "status": "duplicate"})
+            }
             (Ok((id, _, _)), Some(Ok(()))) => json!({"id": id, "status": "accepted"}),
             (Ok((id, _, _)), Some(Err(e))) => {
                 failed += 1;

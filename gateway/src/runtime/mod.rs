@@ -154,6 +154,8 @@ pub struct Plan {
     pub buses: BTreeMap<String, Arc<BusPlan>>,
     pub sources: Vec<Arc<Source>>,
     pub logs: HashMap<String, Arc<dyn BusLog>>,
+    /// The dedup window of each bus that opted in (`dedup_window`).
+    pub dedup: HashMap<String, std::time::Duration>,
 }
 
 /// What a task does: run one shard of a bus, or one part of a source.

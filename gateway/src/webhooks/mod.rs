@@ -567,6 +567,11 @@ impl Webhooks {
         }
     }
 
+    /// The dedup store (shared with buses that deduplicate CloudEvents).
+    pub fn dedup(&self) -> Arc<dyn Dedup> {
+        self.dedup.clone()
+    }
+
     pub fn build(configs: &[WebhookConfig], dedup: Arc<dyn Dedup>) -> Result<Webhooks, String> {
         let mut by_name = HashMap::new();
         for config in configs {
@@ -874,7 +879,10 @@ async fn receive(
 /// Reserves a delivery id; while another request holds it, waits (bounded) for that one
 /// to finish, so a concurrent retry gets the real answer (duplicate, or taken over after a
 /// failed store) instead of a 503.
-async fn reserve(dedup: &dyn Dedup, key: &str) -> Result<Reserve, crate::store::StoreError> {
+pub(crate) async fn reserve(
+    dedup: &dyn Dedup,
+    key: &str,
+) -> Result<Reserve, crate::store::StoreError> {
     for _ in 0..40 {
         match dedup.reserve(key).await? {
             Reserve::InFlight => tokio::time::sleep(Duration::from_millis(50)).await,
