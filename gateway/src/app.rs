@@ -106,6 +106,7 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             ));
             state.set_connectors(plan.connectors());
             state.set_bus_dedup(plan.dedup.clone());
+            state.set_bus_auth(plan.auth.clone());
             state.set_webhooks(
                 Webhooks::build(&config.webhooks, standalone_dedup(data.path())?)
                     .map_err(StartError::Config)?,
@@ -171,6 +172,7 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             ));
             state.set_connectors(plan.connectors());
             state.set_bus_dedup(plan.dedup.clone());
+            state.set_bus_auth(plan.auth.clone());
             state.set_webhooks(
                 Webhooks::build(&config.webhooks, Arc::new(RedisDedup::new(redis.clone())))
                     .map_err(StartError::Config)?,
@@ -341,12 +343,22 @@ fn build_plan(
                 .map(|w| (b.name.get_ref().clone(), w))
         })
         .collect();
+    let mut auth = HashMap::new();
+    for bus in &channels.buses {
+        if let Some(config) = &bus.auth {
+            let keys = config
+                .resolve()
+                .map_err(|m| StartError::Config(format!("bus `{}`: {m}", bus.name.get_ref())))?;
+            auth.insert(bus.name.get_ref().clone(), Arc::new(keys));
+        }
+    }
     Ok(Plan {
         version,
         buses,
         sources,
         logs,
         dedup,
+        auth,
     })
 }
 
@@ -433,6 +445,7 @@ async fn follow_config(
                 ingress.set_buses(plan.logs.clone());
                 ingress.set_connectors(plan.connectors());
                 ingress.set_bus_dedup(plan.dedup.clone());
+                ingress.set_bus_auth(plan.auth.clone());
                 plans.send_replace(plan);
             }
             Ok(None) => {}

@@ -254,6 +254,10 @@ pub struct BusConfig {
         serialize_with = "ser_optional_duration"
     )]
     pub dedup_window: Option<Duration>,
+    /// Opt-in: producers must present one of these keys (`Authorization: Bearer` or
+    /// `X-API-Key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<crate::ingress::auth::AuthConfig>,
 }
 
 fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -782,6 +786,14 @@ impl Config {
                     format!("bus `{}` is defined twice", bus.name.get_ref()),
                 ));
             }
+            if let Some(auth) = &bus.auth {
+                auth.resolve().map_err(|m| {
+                    invalid(
+                        bus.name.span(),
+                        format!("bus `{}`: {m}", bus.name.get_ref()),
+                    )
+                })?;
+            }
             if bus.shards == 0 || bus.shards > 1024 {
                 return Err(invalid(
                     bus.name.span(),
@@ -1166,6 +1178,7 @@ mod tests {
 name = "orders"
 shards = 3
 dedup_window = "90s"
+auth = { keys = ["clear-key", "sha256:a4ae87b73fa5645e6aee415a6f72be4dcbd99d057a7b40cb1b867c181d179260"] }
 
 [[rules]]
 name = "big"

@@ -623,3 +623,63 @@ path = "{data_dir}/once.jsonl"
         .wait_delivered(Duration::from_secs(30), |e| ids(e).len() == 2)
         .await;
 }
+
+/// A bus with `auth` takes only requests with one of its keys: 401 without one, 403 with
+/// another; keys given in clear, hashed (`sha256:`) or through the environment.
+#[tokio::test]
+async fn a_bus_with_keys_refuses_requests_without_one() {
+    let extra = r#"
+[[buses]]
+name = "secured"
+shards = 1
+auth = { keys = ["env:SLUICE_TEST_BUS_KEY", "sha256:a4ae87b73fa5645e6aee415a6f72be4dcbd99d057a7b40cb1b867c181d179260"] }
+
+[[rules]]
+name = "secured-to-file"
+bus = "secured"
+
+[[rules.targets]]
+type = "file"
+name = "secured-file"
+path = "{data_dir}/secured.jsonl"
+"#;
+    let sluice = Sluice::builder()
+        .extra(extra)
+        .env("SLUICE_TEST_BUS_KEY", "from-the-env")
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    let url = sluice.url("/buses/secured/events");
+    let attempt = |id: &'static str, header: Option<(&'static str, &'static str)>| {
+        let mut r = sluice_tests::binary(&client, &url, id, "{}");
+        if let Some((k, v)) = header {
+            r = r.header(k, v);
+        }
+        r.send()
+    };
+    let r = attempt("none", None).await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let problem: Value = r.json().await.unwrap();
+    assert_eq!(problem["field"], "authorization");
+    let r = attempt("wrong", Some(("authorization", "Bearer nope")))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    let r = attempt("wrong2", Some(("x-api-key", "from-the-env-not")))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    let r = attempt("env", Some(("authorization", "Bearer from-the-env")))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let r = attempt("hashed", Some(("x-api-key", "hashed-key")))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    // Other buses stay open.
+    post(&client, &sluice.events_url(), "open", "{}").await;
+    let path = sluice.data_dir().join("secured.jsonl");
+    let events = sluice_tests::wait_jsonl(&path, Duration::from_secs(30), |e| e.len() >= 2).await;
+    assert_eq!(ids(&events), ["env", "hashed"]);
+}

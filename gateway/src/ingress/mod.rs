@@ -1,6 +1,7 @@
 //! HTTP ingress: `POST /buses/{bus}/events` in any CloudEvents HTTP mode, health probes,
 //! and the layers that bound the work a client can cause (size, time, concurrency).
 
+pub mod auth;
 pub mod cloudevent;
 
 use std::collections::HashMap;
@@ -36,6 +37,8 @@ pub struct IngressState {
     webhooks: RwLock<Arc<crate::webhooks::Webhooks>>,
     /// The dedup window of each bus that opted in to CloudEvents deduplication.
     bus_dedup: RwLock<Arc<HashMap<String, Duration>>>,
+    /// The accepted keys of each bus that requires one.
+    bus_auth: RwLock<Arc<HashMap<String, Arc<auth::KeySet>>>>,
     pub limits: Limits,
     pub cluster: Arc<dyn Cluster>,
 }
@@ -51,6 +54,7 @@ impl IngressState {
             connectors: RwLock::new(Arc::new(HashMap::new())),
             webhooks: RwLock::new(Arc::new(crate::webhooks::Webhooks::empty())),
             bus_dedup: RwLock::new(Arc::new(HashMap::new())),
+            bus_auth: RwLock::new(Arc::new(HashMap::new())),
             limits,
             cluster,
         }
@@ -81,6 +85,18 @@ impl IngressState {
 
     pub fn set_bus_dedup(&self, windows: HashMap<String, Duration>) {
         *self.bus_dedup.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(windows);
+    }
+
+    pub fn set_bus_auth(&self, keys: HashMap<String, Arc<auth::KeySet>>) {
+        *self.bus_auth.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+    }
+
+    fn bus_auth(&self, bus: &str) -> Option<Arc<auth::KeySet>> {
+        self.bus_auth
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(bus)
+            .cloned()
     }
 
     fn bus_dedup(&self, bus: &str) -> Option<Duration> {
@@ -221,6 +237,11 @@ async fn post_events(
     let Some(log) = state.buses().get(&bus).cloned() else {
         return Problem::unknown_bus(&bus).into_response();
     };
+    if let Some(keys) = state.bus_auth(&bus) {
+        if let Err(refused) = keys.check(request.headers()) {
+            return refused.problem().into_response();
+        }
+    }
     let (parts, body) = request.into_parts();
     let mode = match cloudevent::content_mode(&parts.headers) {
         Ok(mode) => mode,
