@@ -62,7 +62,7 @@ redis:
 		redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
 
 # The official CloudEvents Python SDK, for the interoperability test.
-venv: $(VENV)/.installed $(VENV)/.standardwebhooks
+venv: $(VENV)/.installed $(VENV)/.standardwebhooks $(VENV)/.webhook-sdks
 
 $(VENV)/.installed:
 	$(call apt_install,python3,python3 python3-venv)
@@ -107,6 +107,12 @@ infra-check: infra-tools
 	$(INFRA_PY) infra/checks/check_k8s.py $(SLUICE_BIN) $(INFRA_VENV)/bin/kubectl $(INFRA_OUT)
 	$(INFRA_VENV)/bin/checkov --quiet --compact --skip-download --framework kubernetes -d $(INFRA_OUT)
 	$(INFRA_VENV)/bin/checkov --quiet --compact --skip-download --framework dockerfile -f infra/Dockerfile
+
+# The providers' own signing code for the webhook tests: Stripe's test-header helper and
+# slack_sdk's SignatureVerifier.
+$(VENV)/.webhook-sdks: $(VENV)/.installed
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check 'stripe==16.1.0' 'slack_sdk==3.48.0'
+	touch $@
 
 # rocketmq-namesrv-rust and rocketmq-broker-rust, into the cache, only when missing.
 rocketmq:

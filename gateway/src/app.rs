@@ -23,6 +23,8 @@ use crate::store::embedded::{DataDir, LogOptions};
 use crate::store::redis::{ClusterOptions, Redis, RedisCluster, RedisLog, RedisPositions};
 use crate::store::{BusLog, PositionStore, StoreError};
 use crate::targets;
+use crate::webhooks::dedup::{Dedup, MemoryDedup, RedisDedup};
+use crate::webhooks::Webhooks;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -110,6 +112,12 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             state.set_connectors(plan.connectors());
             state.set_positions(positions.clone());
             tokio::spawn(crate::scaling::sample(state.clone(), stop.clone()));
+            state.set_bus_dedup(plan.dedup.clone());
+            state.set_bus_auth(plan.auth.clone());
+            state.set_webhooks(
+                Webhooks::build(&config.webhooks, standalone_dedup(data.path())?)
+                    .map_err(StartError::Config)?,
+            );
             announce(&config, &listener, data.path(), &id);
             let drain = drain(stop.clone(), state.clone(), config.limits.shutdown_delay);
             crate::server::serve(listener, ingress::router(state), &config.limits, drain).await;
@@ -173,6 +181,12 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             state.set_connectors(plan.connectors());
             state.set_positions(positions.clone());
             tokio::spawn(crate::scaling::sample(state.clone(), stop.clone()));
+            state.set_bus_dedup(plan.dedup.clone());
+            state.set_bus_auth(plan.auth.clone());
+            state.set_webhooks(
+                Webhooks::build(&config.webhooks, Arc::new(RedisDedup::new(redis.clone())))
+                    .map_err(StartError::Config)?,
+            );
             tokio::spawn(follow_config(
                 config.clone(),
                 cluster.clone(),
@@ -191,6 +205,13 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
     }
     tracing::info!("shutdown complete");
     Ok(())
+}
+
+/// Standalone webhook dedup records, kept in the data directory across restarts.
+fn standalone_dedup(data_dir: &Path) -> Result<Arc<dyn Dedup>, StoreError> {
+    MemoryDedup::persistent(&data_dir.join("webhook-dedup.jsonl"))
+        .map(|d| Arc::new(d) as Arc<dyn Dedup>)
+        .map_err(|e| StoreError::io("cannot open webhook-dedup.jsonl", &e))
 }
 
 fn announce(config: &Config, listener: &tokio::net::TcpListener, data_dir: &Path, id: &str) {
@@ -324,11 +345,31 @@ fn build_plan(
             sources.push(Arc::new(Source::new(source.clone(), log.clone())));
         }
     }
+    let dedup = channels
+        .buses
+        .iter()
+        .filter_map(|b| {
+            b.dedup_window
+                .filter(|w| !w.is_zero())
+                .map(|w| (b.name.get_ref().clone(), w))
+        })
+        .collect();
+    let mut auth = HashMap::new();
+    for bus in &channels.buses {
+        if let Some(config) = &bus.auth {
+            let keys = config
+                .resolve()
+                .map_err(|m| StartError::Config(format!("bus `{}`: {m}", bus.name.get_ref())))?;
+            auth.insert(bus.name.get_ref().clone(), Arc::new(keys));
+        }
+    }
     Ok(Plan {
         version,
         buses,
         sources,
         logs,
+        dedup,
+        auth,
     })
 }
 
@@ -414,6 +455,8 @@ async fn follow_config(
                 version = v;
                 ingress.set_buses(plan.logs.clone());
                 ingress.set_connectors(plan.connectors());
+                ingress.set_bus_dedup(plan.dedup.clone());
+                ingress.set_bus_auth(plan.auth.clone());
                 plans.send_replace(plan);
             }
             Ok(None) => {}

@@ -76,6 +76,10 @@ pub struct Config {
     /// Source connectors that feed buses (besides HTTP ingress).
     #[serde(default)]
     pub sources: Vec<crate::sources::SourceConfig>,
+    /// Webhook sources (`POST /webhooks/{name}`). Each replica takes them from its own
+    /// file: their secrets are not shared through the cluster store.
+    #[serde(default)]
+    pub webhooks: Vec<crate::webhooks::WebhookConfig>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -247,6 +251,33 @@ pub struct BusConfig {
     /// Number of shards; fixed once the bus has stored events.
     #[serde(default = "defaults::shards")]
     pub shards: u32,
+    /// Opt-in: a CloudEvent whose `source` + `id` this bus already stored within this
+    /// window is answered as a duplicate and not stored again.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_duration",
+        serialize_with = "ser_optional_duration"
+    )]
+    pub dedup_window: Option<Duration>,
+    /// Opt-in: producers must present one of these keys (`Authorization: Bearer` or
+    /// `X-API-Key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<crate::ingress::auth::AuthConfig>,
+}
+
+fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
+}
+
+fn ser_optional_duration<S: serde::Serializer>(
+    d: &Option<Duration>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => crate::runtime::delivery::ser_duration(d, s),
+        None => s.serialize_none(),
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -761,6 +792,14 @@ impl Config {
                     format!("bus `{}` is defined twice", bus.name.get_ref()),
                 ));
             }
+            if let Some(auth) = &bus.auth {
+                auth.resolve().map_err(|m| {
+                    invalid(
+                        bus.name.span(),
+                        format!("bus `{}`: {m}", bus.name.get_ref()),
+                    )
+                })?;
+            }
             if bus.shards == 0 || bus.shards > 1024 {
                 return Err(invalid(
                     bus.name.span(),
@@ -877,6 +916,7 @@ impl Config {
             }
             source.check().map_err(&bad)?;
         }
+        crate::webhooks::check(&self.webhooks, &buses).map_err(|(at, m)| invalid(at, m))?;
         let l = &self.limits;
         let limit = |what: &str| ConfigError::Invalid {
             path: path.to_path_buf(),
@@ -1172,6 +1212,8 @@ mod tests {
 [[buses]]
 name = "orders"
 shards = 3
+dedup_window = "90s"
+auth = { keys = ["clear-key", "sha256:a4ae87b73fa5645e6aee415a6f72be4dcbd99d057a7b40cb1b867c181d179260"] }
 
 [[rules]]
 name = "big"

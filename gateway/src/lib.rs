@@ -20,3 +20,4 @@ pub mod server;
 pub mod sources;
 pub mod store;
 pub mod targets;
+pub mod webhooks;

@@ -88,6 +88,21 @@ impl Problem {
         Problem::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
     }
 
+    /// A webhook whose signature, token or timestamp does not verify; nothing was stored.
+    pub fn unauthorized(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Unauthorized",
+            detail,
+        )
+        .with_field(field)
+    }
+
+    pub fn forbidden(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        Problem::new(StatusCode::FORBIDDEN, "forbidden", "Forbidden", detail).with_field(field)
+    }
+
     pub fn method_not_allowed(method: &str, allow: &'static str) -> Self {
         let mut p = Problem::new(
             StatusCode::METHOD_NOT_ALLOWED,

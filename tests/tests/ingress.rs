@@ -194,7 +194,7 @@ async fn routing_errors_are_problem_json() {
     let p = problem(r, StatusCode::NOT_FOUND).await;
     assert_eq!(p["field"], "bus");
     let r = client.get(sluice.events_url()).send().await.unwrap();
-    assert_eq!(r.headers()["allow"], "POST");
+    assert_eq!(r.headers()["allow"], "POST, OPTIONS");
     problem(r, StatusCode::METHOD_NOT_ALLOWED).await;
     let r = client.delete(sluice.url("/healthz")).send().await.unwrap();
     problem(r, StatusCode::METHOD_NOT_ALLOWED).await;

@@ -1,6 +1,7 @@
 //! HTTP ingress: `POST /buses/{bus}/events` in any CloudEvents HTTP mode, health probes,
 //! and the layers that bound the work a client can cause (size, time, concurrency).
 
+pub mod auth;
 pub mod cloudevent;
 
 use std::collections::HashMap;
@@ -32,6 +33,12 @@ pub struct IngressState {
     /// The connectors of the running configuration and their number of tasks (the admin
     /// API refuses to act on anything else).
     connectors: RwLock<Arc<HashMap<String, u32>>>,
+    /// The webhook sources (`POST /webhooks/{name}`) and their dedup store.
+    webhooks: RwLock<Arc<crate::webhooks::Webhooks>>,
+    /// The dedup window of each bus that opted in to CloudEvents deduplication.
+    bus_dedup: RwLock<Arc<HashMap<String, Duration>>>,
+    /// The accepted keys of each bus that requires one.
+    bus_auth: RwLock<Arc<HashMap<String, Arc<auth::KeySet>>>>,
     pub limits: Limits,
     pub cluster: Arc<dyn Cluster>,
     /// Set when shutdown starts: readiness fails from then on.
@@ -50,6 +57,9 @@ impl IngressState {
         IngressState {
             buses: RwLock::new(Arc::new(buses)),
             connectors: RwLock::new(Arc::new(HashMap::new())),
+            webhooks: RwLock::new(Arc::new(crate::webhooks::Webhooks::empty())),
+            bus_dedup: RwLock::new(Arc::new(HashMap::new())),
+            bus_auth: RwLock::new(Arc::new(HashMap::new())),
             limits,
             cluster,
             draining: std::sync::atomic::AtomicBool::new(false),
@@ -85,6 +95,41 @@ impl IngressState {
 
     pub fn set_connectors(&self, connectors: HashMap<String, u32>) {
         *self.connectors.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(connectors);
+    }
+
+    pub fn webhooks(&self) -> Arc<crate::webhooks::Webhooks> {
+        self.webhooks
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn set_webhooks(&self, webhooks: crate::webhooks::Webhooks) {
+        *self.webhooks.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(webhooks);
+    }
+
+    pub fn set_bus_dedup(&self, windows: HashMap<String, Duration>) {
+        *self.bus_dedup.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(windows);
+    }
+
+    pub fn set_bus_auth(&self, keys: HashMap<String, Arc<auth::KeySet>>) {
+        *self.bus_auth.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+    }
+
+    fn bus_auth(&self, bus: &str) -> Option<Arc<auth::KeySet>> {
+        self.bus_auth
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(bus)
+            .cloned()
+    }
+
+    fn bus_dedup(&self, bus: &str) -> Option<Duration> {
+        self.bus_dedup
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(bus)
+            .copied()
     }
 
     pub fn buses(&self) -> Arc<HashMap<String, Arc<dyn BusLog>>> {
@@ -136,11 +181,14 @@ fn limited(state: Arc<IngressState>) -> Router {
     Router::new()
         .route(
             "/buses/{bus}/events",
-            post(post_events).fallback(|m: Method| async move {
-                Problem::method_not_allowed(m.as_str(), "POST")
-            }),
+            post(post_events)
+                .options(crate::webhooks::bus_options)
+                .fallback(|m: Method| async move {
+                    Problem::method_not_allowed(m.as_str(), "POST, OPTIONS")
+                }),
         )
         .merge(crate::admin::routes())
+        .merge(crate::webhooks::routes())
         .fallback(|uri: Uri| async move { Problem::not_found(uri.path()) })
         .with_state(state)
         .layer(
@@ -241,7 +289,7 @@ async fn ready(State(state): State<Arc<IngressState>>) -> Response {
 }
 
 /// One entry of a request: a parsed event or the reason it was refused.
-type Entry = Result<(String, Bytes, u32), EventError>;
+pub(crate) type Entry = Result<(String, Bytes, u32), EventError>;
 
 /// `GET /metrics`: the OpenMetrics text exposition (Prometheus scrapes it natively).
 async fn metrics() -> Response {
@@ -320,6 +368,11 @@ async fn handle_events(state: Arc<IngressState>, bus: String, request: Request) 
     let Some(log) = state.buses().get(&bus).cloned() else {
         return Problem::unknown_bus(&bus).into_response();
     };
+    if let Some(keys) = state.bus_auth(&bus) {
+        if let Err(refused) = keys.check(request.headers()) {
+            return refused.problem().into_response();
+        }
+    }
     let (parts, body) = request.into_parts();
     let mode = match cloudevent::content_mode(&parts.headers) {
         Ok(mode) => mode,
@@ -335,33 +388,18 @@ async fn handle_events(state: Arc<IngressState>, bus: String, request: Request) 
         Err(problem) => return problem.into_response(),
     };
     let shards = log.shards();
-    let encode = |parsed: Result<cloudevent::Parsed, EventError>| -> Entry {
-        let cloudevent::Parsed {
-            event,
-            stored: bytes,
-        } = parsed?;
-        if bytes.len() > limits.max_event_bytes {
-            return Err(EventError::too_large(
-                "limits.max_event_bytes",
-                format!(
-                    "the event is {} bytes; at most {} are accepted",
-                    bytes.len(),
-                    limits.max_event_bytes
-                ),
-            ));
-        }
-        // Accept exactly what delivery can read: anything else would stall its shard.
-        cloudevent::check_stored(&bytes)?;
-        let shard = shard_of(&cloudevent::partition_key(&event), shards);
-        // The store's tail cache keeps these bytes and counts their length: no spare
-        // capacity from the encoder's growth may ride along.
-        let mut bytes = bytes;
-        bytes.shrink_to_fit();
-        Ok((
-            cloudevents::AttributesReader::id(&event).to_string(),
-            Bytes::from(bytes),
-            shard,
-        ))
+    let window = state.bus_dedup(&bus);
+    // The dedup key of each entry (`source` + `id`), when the bus opted in.
+    let mut keys: Vec<Option<String>> = Vec::new();
+    let mut encode = |parsed: Result<cloudevent::Parsed, EventError>| {
+        keys.push(window.and(parsed.as_ref().ok()).map(|p| {
+            let source = cloudevents::AttributesReader::source(&p.event).to_string();
+            let id = cloudevents::AttributesReader::id(&p.event);
+            // Length-prefixed: no (source, id) pair can spell another's key; `~` keeps
+            // them apart from webhook sources' keys (names have no `~`).
+            format!("~bus:{bus}:{}:{source}:{id}", source.len())
+        }));
+        entry(parsed, shards, limits)
     };
     let entries: Vec<Entry> = match mode {
         ContentMode::Binary => vec![encode(cloudevent::from_binary(&parts.headers, &body))],
@@ -394,11 +432,107 @@ async fn handle_events(state: Arc<IngressState>, bus: String, request: Request) 
             return event_problem(e.clone()).into_response();
         }
     }
-    let stored = store(log.as_ref(), &entries).await;
-    respond(mode, entries, stored)
+    let Some(window) = window else {
+        let stored = store(log.as_ref(), &entries).await;
+        return respond(mode, entries, stored, &[]);
+    };
+    // Reserve each key, store what is not a duplicate, then keep (or drop) the records.
+    let dedup = state.webhooks().dedup();
+    let mut duplicates = vec![false; entries.len()];
+    // Held by another request still undecided: not stored now, retried by the producer.
+    let mut busy = vec![false; entries.len()];
+    let mut tokens: Vec<Option<(String, String)>> = vec![None; entries.len()];
+    let mut seen = std::collections::HashSet::new();
+    for (i, key) in keys.iter().enumerate() {
+        let (Some(key), Ok(_)) = (key, &entries[i]) else {
+            continue;
+        };
+        // The same event twice in one batch: the first is stored, the others are duplicates.
+        if !seen.insert(key.as_str()) {
+            duplicates[i] = true;
+            continue;
+        }
+        match crate::webhooks::reserve(dedup.as_ref(), key).await {
+            Ok(crate::webhooks::dedup::Reserve::Taken(token)) => {
+                tokens[i] = Some((key.clone(), token));
+            }
+            Ok(crate::webhooks::dedup::Reserve::Duplicate) => duplicates[i] = true,
+            Ok(crate::webhooks::dedup::Reserve::InFlight) => busy[i] = true,
+            Err(e) => {
+                for (key, token) in tokens.iter().flatten() {
+                    let _ = dedup.release(key, token).await;
+                }
+                return store_problem(&e).into_response();
+            }
+        }
+    }
+    let to_store: Vec<Entry> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| match e {
+            Ok(_) if duplicates[i] || busy[i] => Err(EventError::invalid("id", "not stored")),
+            _ => e.clone(),
+        })
+        .collect();
+    let mut stored = store(log.as_ref(), &to_store).await;
+    for (i, held) in busy.iter().enumerate() {
+        if *held {
+            stored[i] = Some(Err(StoreError::Busy(
+                "an event with this source and id is being stored by another request; retry shortly"
+                    .to_string(),
+            )));
+        }
+    }
+    for (i, token) in tokens.iter().enumerate() {
+        let Some((key, token)) = token else { continue };
+        let result = if matches!(stored[i], Some(Ok(()))) {
+            dedup.confirm(key, token, window).await
+        } else {
+            dedup.release(key, token).await
+        };
+        if let Err(e) = result {
+            tracing::warn!(bus = %bus, error = %e, "cannot record an event's dedup key");
+        }
+    }
+    respond(mode, entries, stored, &duplicates)
 }
 
-async fn read_body(
+/// A parsed event made ready for the store: size and read-back checked, its shard chosen.
+/// Webhook sources store through this too.
+pub(crate) fn entry(
+    parsed: Result<cloudevent::Parsed, EventError>,
+    shards: u32,
+    limits: &Limits,
+) -> Entry {
+    let cloudevent::Parsed {
+        event,
+        stored: bytes,
+    } = parsed?;
+    if bytes.len() > limits.max_event_bytes {
+        return Err(EventError::too_large(
+            "limits.max_event_bytes",
+            format!(
+                "the event is {} bytes; at most {} are accepted",
+                bytes.len(),
+                limits.max_event_bytes
+            ),
+        ));
+    }
+    // Accept exactly what delivery can read: anything else would stall its shard.
+    cloudevent::check_stored(&bytes)?;
+    let shard = shard_of(&cloudevent::partition_key(&event), shards);
+    // The store's tail cache keeps these bytes and counts their length: no spare
+    // capacity from the encoder's growth may ride along.
+    let mut bytes = bytes;
+    bytes.shrink_to_fit();
+    Ok((
+        cloudevents::AttributesReader::id(&event).to_string(),
+        Bytes::from(bytes),
+        shard,
+    ))
+}
+
+pub(crate) async fn read_body(
     headers: &http::HeaderMap,
     body: Body,
     limit: usize,
@@ -431,7 +565,10 @@ async fn read_body(
 
 /// Appends the valid entries, grouped by shard so each shard gets one append per request.
 /// Returns, per entry, whether it was stored (`None` for entries that were invalid).
-async fn store(log: &dyn BusLog, entries: &[Entry]) -> Vec<Option<Result<(), StoreError>>> {
+pub(crate) async fn store(
+    log: &dyn BusLog,
+    entries: &[Entry],
+) -> Vec<Option<Result<(), StoreError>>> {
     let mut by_shard: HashMap<u32, Vec<usize>> = HashMap::new();
     for (i, entry) in entries.iter().enumerate() {
         if let Ok((_, _, shard)) = entry {
@@ -463,6 +600,7 @@ fn respond(
     mode: ContentMode,
     entries: Vec<Entry>,
     stored: Vec<Option<Result<(), StoreError>>>,
+    duplicates: &[bool],
 ) -> Response {
     let mut failed = 0;
     let mut store_failures = 0;
@@ -471,6 +609,9 @@ fn respond(
         .zip(&stored)
         .enumerate()
         .map(|(index, (entry, stored))| match (entry, stored) {
+            (Ok((id, _, _)), _) if duplicates.get(index).copied().unwrap_or(false) => {
+                json!({"id": id, "status": "duplicate"})
+            }
             (Ok((id, _, _)), Some(Ok(()))) => json!({"id": id, "status": "accepted"}),
             (Ok((id, _, _)), Some(Err(e))) => {
                 failed += 1;
@@ -508,7 +649,7 @@ fn respond(
     problem.into_response()
 }
 
-fn event_problem(e: EventError) -> Problem {
+pub(crate) fn event_problem(e: EventError) -> Problem {
     match e.kind {
         ErrorKind::Invalid => Problem::invalid_event(e.field, e.message),
         ErrorKind::TooLarge => Problem::too_large(&e.field, e.message),
@@ -516,7 +657,7 @@ fn event_problem(e: EventError) -> Problem {
     }
 }
 
-fn store_problem(e: &StoreError) -> Problem {
+pub(crate) fn store_problem(e: &StoreError) -> Problem {
     match e {
         StoreError::Busy(m) => Problem::unavailable(m.clone(), 1),
         StoreError::TooLarge(m) => Problem::too_large("limits.max_event_bytes", m.clone()),

@@ -154,6 +154,10 @@ pub struct Plan {
     pub buses: BTreeMap<String, Arc<BusPlan>>,
     pub sources: Vec<Arc<Source>>,
     pub logs: HashMap<String, Arc<dyn BusLog>>,
+    /// The dedup window of each bus that opted in (`dedup_window`).
+    pub dedup: HashMap<String, std::time::Duration>,
+    /// The accepted keys of each bus that requires one (`auth`).
+    pub auth: HashMap<String, Arc<crate::ingress::auth::KeySet>>,
 }
 
 /// What a task does: run one shard of a bus, or one part of a source.

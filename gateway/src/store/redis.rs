@@ -101,6 +101,11 @@ impl Redis {
         key
     }
 
+    /// The shared multiplexed connection (webhook deduplication runs its scripts on it).
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
     fn conn(&self) -> ConnectionManager {
         self.conn.clone()
     }
