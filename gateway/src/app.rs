@@ -114,6 +114,7 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             tokio::spawn(crate::scaling::sample(state.clone(), stop.clone()));
             state.set_bus_dedup(plan.dedup.clone());
             state.set_bus_auth(plan.auth.clone());
+            state.set_bus_rate_limits(plan.rate_limits.clone());
             state.set_webhooks(
                 Webhooks::build(&config.webhooks, standalone_dedup(data.path())?)
                     .map_err(StartError::Config)?,
@@ -181,8 +182,12 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             state.set_connectors(plan.connectors());
             state.set_positions(positions.clone());
             tokio::spawn(crate::scaling::sample(state.clone(), stop.clone()));
+            state.set_limiter(Arc::new(crate::ingress::ratelimit::RedisLimiter::new(
+                redis.clone(),
+            )));
             state.set_bus_dedup(plan.dedup.clone());
             state.set_bus_auth(plan.auth.clone());
+            state.set_bus_rate_limits(plan.rate_limits.clone());
             state.set_webhooks(
                 Webhooks::build(&config.webhooks, Arc::new(RedisDedup::new(redis.clone())))
                     .map_err(StartError::Config)?,
@@ -363,6 +368,11 @@ fn build_plan(
             auth.insert(bus.name.get_ref().clone(), Arc::new(keys));
         }
     }
+    let rate_limits = channels
+        .buses
+        .iter()
+        .filter_map(|b| b.rate_limit.map(|l| (b.name.get_ref().clone(), l)))
+        .collect();
     Ok(Plan {
         version,
         buses,
@@ -370,6 +380,7 @@ fn build_plan(
         logs,
         dedup,
         auth,
+        rate_limits,
     })
 }
 
@@ -457,6 +468,7 @@ async fn follow_config(
                 ingress.set_connectors(plan.connectors());
                 ingress.set_bus_dedup(plan.dedup.clone());
                 ingress.set_bus_auth(plan.auth.clone());
+                ingress.set_bus_rate_limits(plan.rate_limits.clone());
                 plans.send_replace(plan);
             }
             Ok(None) => {}

@@ -264,6 +264,10 @@ pub struct BusConfig {
     /// `X-API-Key`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<crate::ingress::auth::AuthConfig>,
+    /// Opt-in: requests per second this bus takes (token bucket, shared by the cluster);
+    /// more are answered `429` with `Retry-After`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<crate::ingress::ratelimit::RateLimitConfig>,
 }
 
 fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -791,6 +795,14 @@ impl Config {
                     bus.name.span(),
                     format!("bus `{}` is defined twice", bus.name.get_ref()),
                 ));
+            }
+            if let Some(limit) = &bus.rate_limit {
+                limit.check().map_err(|m| {
+                    invalid(
+                        bus.name.span(),
+                        format!("bus `{}`: {m}", bus.name.get_ref()),
+                    )
+                })?;
             }
             if let Some(auth) = &bus.auth {
                 auth.resolve().map_err(|m| {

@@ -157,6 +157,20 @@ impl Problem {
         p
     }
 
+    /// `429` with `Retry-After` (whole seconds, at least 1).
+    pub fn rate_limited(field: impl Into<String>, retry_after: std::time::Duration) -> Self {
+        let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+        let mut p = Problem::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate-limited",
+            "Too many requests",
+            format!("over the rate limit; retry in {} s", secs.max(1)),
+        )
+        .with_field(field);
+        p.retry_after = Some(secs.max(1));
+        p
+    }
+
     pub fn overloaded() -> Self {
         Problem::unavailable("too many requests in flight; retry shortly".to_string(), 1)
             .with_field("limits.max_concurrent_requests")

@@ -683,3 +683,133 @@ path = "{data_dir}/secured.jsonl"
     let events = sluice_tests::wait_jsonl(&path, Duration::from_secs(30), |e| e.len() >= 2).await;
     assert_eq!(ids(&events), ["env", "hashed"]);
 }
+
+// ---------------------------------------------------------------------------------------
+// Rate limits (token buckets per bus and per webhook source).
+
+fn limited_bus(per_second: &str, burst: u32) -> String {
+    sluice_tests::bus_to_file("limited").replace(
+        "shards = 1\n",
+        &format!("shards = 1\nrate_limit = {{ per_second = {per_second}, burst = {burst} }}\n"),
+    )
+}
+
+#[tokio::test]
+async fn a_bus_over_its_rate_limit_answers_429_with_retry_after_and_stores_nothing_more() {
+    let hook = r#"
+[[webhooks]]
+name = "open"
+bus = "limited"
+verify = { preset = "none" }
+rate_limit = { per_second = 1, burst = 2 }
+"#;
+    let sluice = Sluice::builder()
+        .extra(&(limited_bus("2", 3) + hook))
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    let url = sluice.url("/buses/limited/events");
+    let mut accepted = Vec::new();
+    let mut refused = 0;
+    for i in 0..6 {
+        let id = format!("rl-{i}");
+        let r = sluice_tests::binary(&client, &url, &id, "{}")
+            .send()
+            .await
+            .unwrap();
+        match r.status().as_u16() {
+            202 => accepted.push(id),
+            429 => {
+                refused += 1;
+                let wait: u64 = r.headers()["retry-after"]
+                    .to_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                assert!((1..=2).contains(&wait), "Retry-After {wait}");
+                assert_eq!(r.headers()["content-type"], "application/problem+json");
+                let problem: Value = r.json().await.unwrap();
+                assert_eq!(problem["field"], "rate_limit", "{problem}");
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    // A burst of 3, and at 2 per second at most one more refilled while posting.
+    assert!((3..=4).contains(&accepted.len()), "{accepted:?}");
+    assert_eq!(accepted.len() + refused, 6);
+    // Other buses are not limited.
+    post(&client, &sluice.events_url(), "free", "{}").await;
+    // After the refill, accepted again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let r = sluice_tests::binary(&client, &url, "rl-later", "{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    accepted.push("rl-later".to_string());
+    let delivered = sluice_tests::wait_jsonl(
+        &sluice.data_dir().join("limited.jsonl"),
+        Duration::from_secs(10),
+        |e| e.len() >= accepted.len(),
+    )
+    .await;
+    assert_eq!(
+        ids(&delivered),
+        accepted,
+        "exactly the accepted events, nothing refused"
+    );
+
+    // The webhook source has its own bucket (2 at once), counted after verification.
+    let send = || {
+        client
+            .post(sluice.url("/webhooks/open"))
+            .header("content-type", "application/json")
+            .body("{\"n\":1}")
+            .send()
+    };
+    let statuses = [
+        send().await.unwrap().status().as_u16(),
+        send().await.unwrap().status().as_u16(),
+        send().await.unwrap().status().as_u16(),
+    ];
+    assert_eq!(&statuses[..2], &[202, 202], "{statuses:?}");
+    assert_eq!(statuses[2], 429, "{statuses:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_is_shared_by_the_replicas_of_a_cluster() {
+    let (url, prefix) = shared_redis("ratelimit");
+    let config = limited_bus("0.2", 4);
+    let a = Sluice::builder()
+        .distributed(&url, &prefix)
+        .extra(&config)
+        .start()
+        .await;
+    let b = Sluice::builder()
+        .distributed(&url, &prefix)
+        .extra(&config)
+        .start()
+        .await;
+    a.wait_members(2).await;
+    let client = reqwest::Client::new();
+    let mut accepted = 0;
+    for i in 0..8 {
+        let target = if i % 2 == 0 { &a } else { &b };
+        let r = sluice_tests::binary(
+            &client,
+            &target.url("/buses/limited/events"),
+            &format!("shared-{i}"),
+            "{}",
+        )
+        .send()
+        .await
+        .unwrap();
+        match r.status().as_u16() {
+            202 => accepted += 1,
+            429 => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    // One bucket of 4 for the cluster (refilling one every 5 s), not 4 per replica.
+    assert_eq!(accepted, 4);
+}

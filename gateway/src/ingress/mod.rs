@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod cloudevent;
+pub mod ratelimit;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -39,6 +40,10 @@ pub struct IngressState {
     bus_dedup: RwLock<Arc<HashMap<String, Duration>>>,
     /// The accepted keys of each bus that requires one.
     bus_auth: RwLock<Arc<HashMap<String, Arc<auth::KeySet>>>>,
+    /// The rate limit of each bus that has one.
+    bus_rate: RwLock<Arc<HashMap<String, ratelimit::RateLimitConfig>>>,
+    /// Where the rate-limit buckets live: this process, or Redis (distributed).
+    limiter: RwLock<Arc<dyn ratelimit::Limiter>>,
     pub limits: Limits,
     pub cluster: Arc<dyn Cluster>,
     /// Set when shutdown starts: readiness fails from then on.
@@ -60,6 +65,8 @@ impl IngressState {
             webhooks: RwLock::new(Arc::new(crate::webhooks::Webhooks::empty())),
             bus_dedup: RwLock::new(Arc::new(HashMap::new())),
             bus_auth: RwLock::new(Arc::new(HashMap::new())),
+            bus_rate: RwLock::new(Arc::new(HashMap::new())),
+            limiter: RwLock::new(Arc::new(ratelimit::LocalLimiter::default())),
             limits,
             cluster,
             draining: std::sync::atomic::AtomicBool::new(false),
@@ -110,6 +117,34 @@ impl IngressState {
 
     pub fn set_bus_dedup(&self, windows: HashMap<String, Duration>) {
         *self.bus_dedup.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(windows);
+    }
+
+    pub fn set_bus_rate_limits(&self, limits: HashMap<String, ratelimit::RateLimitConfig>) {
+        *self.bus_rate.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(limits);
+    }
+
+    /// Rate-limit buckets shared by the cluster (distributed mode).
+    pub fn set_limiter(&self, limiter: Arc<dyn ratelimit::Limiter>) {
+        *self.limiter.write().unwrap_or_else(|p| p.into_inner()) = limiter;
+    }
+
+    /// Takes a token from the bucket `scope`; the problem to answer when refused.
+    pub async fn rate_limit(
+        &self,
+        scope: &str,
+        field: &str,
+        limit: &ratelimit::RateLimitConfig,
+    ) -> Result<(), Problem> {
+        let limiter = self
+            .limiter
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match limiter.take(scope, limit).await {
+            Ok(None) => Ok(()),
+            Ok(Some(wait)) => Err(Problem::rate_limited(field, wait)),
+            Err(e) => Err(Problem::unavailable(e.to_string(), 2)),
+        }
     }
 
     pub fn set_bus_auth(&self, keys: HashMap<String, Arc<auth::KeySet>>) {
@@ -371,6 +406,20 @@ async fn handle_events(state: Arc<IngressState>, bus: String, request: Request) 
     if let Some(keys) = state.bus_auth(&bus) {
         if let Err(refused) = keys.check(request.headers()) {
             return refused.problem().into_response();
+        }
+    }
+    let limit = state
+        .bus_rate
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&bus)
+        .copied();
+    if let Some(limit) = limit {
+        if let Err(problem) = state
+            .rate_limit(&format!("bus/{bus}"), "rate_limit", &limit)
+            .await
+        {
+            return problem.into_response();
         }
     }
     let (parts, body) = request.into_parts();

@@ -158,6 +158,8 @@ pub struct Plan {
     pub dedup: HashMap<String, std::time::Duration>,
     /// The accepted keys of each bus that requires one (`auth`).
     pub auth: HashMap<String, Arc<crate::ingress::auth::KeySet>>,
+    /// The rate limit of each bus that has one (`rate_limit`).
+    pub rate_limits: HashMap<String, crate::ingress::ratelimit::RateLimitConfig>,
 }
 
 /// What a task does: run one shard of a bus, or one part of a source.

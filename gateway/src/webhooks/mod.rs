@@ -66,6 +66,10 @@ pub struct WebhookConfig {
     /// Requests per minute announced in `WebHook-Allowed-Rate`.
     #[serde(default)]
     pub allowed_rate: Option<u32>,
+    /// Verified requests per second this source takes (token bucket, shared by the
+    /// cluster); more are answered `429` with `Retry-After`.
+    #[serde(default)]
+    pub rate_limit: Option<crate::ingress::ratelimit::RateLimitConfig>,
 }
 
 /// `verify = { preset = "...", secret = "..." }`.
@@ -241,6 +245,7 @@ pub struct Webhook {
     url: Option<String>,
     allowed_origins: Vec<String>,
     allowed_rate: Option<u32>,
+    rate_limit: Option<crate::ingress::ratelimit::RateLimitConfig>,
 }
 
 fn resolve(value: &str) -> Result<String, String> {
@@ -453,6 +458,7 @@ impl Webhook {
             url: config.url.clone(),
             allowed_origins: config.allowed_origins.clone(),
             allowed_rate: config.allowed_rate,
+            rate_limit: config.rate_limit,
         })
     }
 
@@ -600,6 +606,9 @@ pub fn check(
         }
         if !buses.contains(config.bus.as_str()) {
             return Err(bad(format!("bus `{}` is not defined", config.bus)));
+        }
+        if let Some(limit) = &config.rate_limit {
+            limit.check().map_err(bad)?;
         }
         Webhook::build(config).map_err(bad)?;
     }
@@ -751,6 +760,15 @@ async fn receive(
     if let Err(e) = hook.scheme.verify(&signed, &hook.secrets, hook.tolerance) {
         tracing::debug!(webhook = %hook.name, field = %e.field, "webhook refused: {}", e.message);
         return Problem::unauthorized(e.field, e.message).into_response();
+    }
+    // Counted after verification: unsigned floods do not eat the provider's budget.
+    if let Some(limit) = &hook.rate_limit {
+        if let Err(problem) = state
+            .rate_limit(&format!("webhook/{}", hook.name), "rate_limit", limit)
+            .await
+        {
+            return problem.into_response();
+        }
     }
     let content_type = parts
         .headers
