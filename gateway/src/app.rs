@@ -115,6 +115,10 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             state.set_bus_dedup(plan.dedup.clone());
             state.set_bus_auth(plan.auth.clone());
             state.set_bus_rate_limits(plan.rate_limits.clone());
+            state.set_schemas(
+                crate::ingress::schema::load(&config.schemas, &config.base_dir)
+                    .map_err(StartError::Config)?,
+            );
             state.set_webhooks(
                 Webhooks::build(&config.webhooks, standalone_dedup(data.path())?)
                     .map_err(StartError::Config)?,
@@ -188,6 +192,10 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             state.set_bus_dedup(plan.dedup.clone());
             state.set_bus_auth(plan.auth.clone());
             state.set_bus_rate_limits(plan.rate_limits.clone());
+            state.set_schemas(
+                crate::ingress::schema::load(&config.schemas, &config.base_dir)
+                    .map_err(StartError::Config)?,
+            );
             state.set_webhooks(
                 Webhooks::build(&config.webhooks, Arc::new(RedisDedup::new(redis.clone())))
                     .map_err(StartError::Config)?,

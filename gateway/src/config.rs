@@ -80,6 +80,13 @@ pub struct Config {
     /// file: their secrets are not shared through the cluster store.
     #[serde(default)]
     pub webhooks: Vec<crate::webhooks::WebhookConfig>,
+    /// JSON Schemas of event data, per (bus, type) or by `dataschema`; files relative to
+    /// this configuration file. Each replica takes them from its own file.
+    #[serde(default)]
+    pub schemas: Vec<crate::ingress::schema::SchemaConfig>,
+    /// The configuration file's directory (relative schema paths start there).
+    #[serde(skip)]
+    pub base_dir: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -700,13 +707,15 @@ impl Config {
 
     /// Parses TOML text. Unknown keys and bad values name the key and the line.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let mut config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
             message: nested::locate(text, &e)
                 .unwrap_or_else(|| e.to_string())
                 .trim_end()
                 .to_string(),
-        })
+        })?;
+        config.base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Ok(config)
     }
 
     /// Applies `SLUICE_<KEY>` overrides of top-level keys. Returns the unknown `SLUICE_*`
@@ -929,6 +938,22 @@ impl Config {
             source.check().map_err(&bad)?;
         }
         crate::webhooks::check(&self.webhooks, &buses).map_err(|(at, m)| invalid(at, m))?;
+        for schema in &self.schemas {
+            if !buses.contains(schema.bus.as_str()) {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    line: find_line(text, "[[schemas]]"),
+                    message: format!("schemas: bus `{}` is not defined", schema.bus),
+                });
+            }
+        }
+        crate::ingress::schema::load(&self.schemas, &self.base_dir).map_err(|message| {
+            ConfigError::Invalid {
+                path: path.to_path_buf(),
+                line: find_line(text, "[[schemas]]"),
+                message,
+            }
+        })?;
         let l = &self.limits;
         let limit = |what: &str| ConfigError::Invalid {
             path: path.to_path_buf(),

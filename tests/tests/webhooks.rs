@@ -813,3 +813,151 @@ async fn a_rate_limit_is_shared_by_the_replicas_of_a_cluster() {
     // One bucket of 4 for the cluster (refilling one every 5 s), not 4 per replica.
     assert_eq!(accepted, 4);
 }
+
+// ---------------------------------------------------------------------------------------
+// JSON Schema validation of event data.
+
+/// Events of a type with a schema are checked in every mode (and through a webhook
+/// source); a failure is a 400 naming the JSON pointer and the rule, nothing is stored;
+/// `dataschema` selects a schema by its URI; valid events are stored unchanged.
+#[tokio::test]
+async fn event_data_is_validated_against_the_json_schema_of_its_type() {
+    let schema = repo_root().join("schemas/events/com.example.order.created.json");
+    let extra = format!(
+        r#"
+[[schemas]]
+bus = "default"
+type = "com.example.order.created"
+file = "{}"
+uri = "https://sluice.dev/schemas/events/com.example.order.created.json"
+
+[[webhooks]]
+name = "orders"
+bus = "default"
+verify = {{ preset = "none" }}
+type = {{ value = "com.example.order.created" }}
+"#,
+        schema.display()
+    );
+    let sluice = Sluice::builder().extra(&extra).start().await;
+    let client = reqwest::Client::new();
+    let url = sluice.events_url();
+    let order = |id: &str, ty: &str, data: &str| {
+        client
+            .post(&url)
+            .header("ce-specversion", "1.0")
+            .header("ce-id", id)
+            .header("ce-source", "/shop")
+            .header("ce-type", ty)
+            .header("content-type", "application/json")
+            .body(data.to_string())
+    };
+    let good = r#"{"order_id":"o-1","total":42.5,"items":[{"sku":"a","quantity":2}]}"#;
+    assert_eq!(
+        order("ok-1", "com.example.order.created", good)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        202
+    );
+
+    let r = order(
+        "bad-1",
+        "com.example.order.created",
+        r#"{"order_id":"o-2","total":1,"items":[{"sku":"a","quantity":0}]}"#,
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let problem: Value = r.json().await.unwrap();
+    assert_eq!(problem["field"], "/data/items/0/quantity", "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("minimum"),
+        "{problem}"
+    );
+
+    let r = order("bad-2", "com.example.order.created", r#"{"total":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let problem: Value = r.json().await.unwrap();
+    assert!(
+        problem["detail"].as_str().unwrap().contains("required"),
+        "{problem}"
+    );
+
+    // Other types are not checked; dataschema picks the schema whatever the type.
+    assert_eq!(
+        order("free-1", "com.example.other", r#"{"x":1}"#)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        202
+    );
+    let r = order("bad-3", "com.example.other", r#"{"x":1}"#)
+        .header(
+            "ce-dataschema",
+            "https://sluice.dev/schemas/events/com.example.order.created.json",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+
+    // Structured mode and a batch: the bad entry fails alone.
+    let structured = json!({"specversion":"1.0","id":"ok-2","source":"/shop","type":"com.example.order.created","data":{"order_id":"o-3","total":0}});
+    let r = client
+        .post(&url)
+        .header("content-type", "application/cloudevents+json")
+        .body(structured.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let batch = json!([
+        {"specversion":"1.0","id":"ok-3","source":"/shop","type":"com.example.order.created","data":{"order_id":"o-4","total":3}},
+        {"specversion":"1.0","id":"bad-4","source":"/shop","type":"com.example.order.created","data":{"order_id":"o-5","total":"three"}}
+    ]);
+    let r = client
+        .post(&url)
+        .header("content-type", "application/cloudevents-batch+json")
+        .body(batch.to_string())
+        .send()
+        .await
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["failedEntryCount"], 1, "{body}");
+
+    // Through a webhook source too: its events are checked like any other.
+    let hook = |body: &'static str| {
+        client
+            .post(sluice.url("/webhooks/orders"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let r = hook(r#"{"order_id":"o-6"}"#).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let r = hook(r#"{"order_id":"o-7","total":7}"#).await.unwrap();
+    assert_eq!(r.status(), 202);
+
+    let events = sluice
+        .wait_delivered(Duration::from_secs(10), |e| e.len() >= 5)
+        .await;
+    assert_eq!(events.len(), 5);
+    let mut got: Vec<String> = ids(&events)
+        .into_iter()
+        .filter(|id| ["free-1", "ok-1", "ok-2", "ok-3"].contains(&id.as_str()))
+        .collect();
+    got.sort();
+    assert_eq!(got, vec!["free-1", "ok-1", "ok-2", "ok-3"]);
+    assert!(events.iter().any(|e| e["data"]["order_id"] == "o-7"));
+    // Stored unchanged.
+    let ok = events.iter().find(|e| e["id"] == "ok-1").unwrap();
+    assert_eq!(ok["data"], serde_json::from_str::<Value>(good).unwrap());
+}

@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod cloudevent;
 pub mod ratelimit;
+pub mod schema;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -40,6 +41,8 @@ pub struct IngressState {
     bus_dedup: RwLock<Arc<HashMap<String, Duration>>>,
     /// The accepted keys of each bus that requires one.
     bus_auth: RwLock<Arc<HashMap<String, Arc<auth::KeySet>>>>,
+    /// The JSON Schemas of each bus that has some.
+    schemas: RwLock<Arc<HashMap<String, Arc<schema::BusSchemas>>>>,
     /// The rate limit of each bus that has one.
     bus_rate: RwLock<Arc<HashMap<String, ratelimit::RateLimitConfig>>>,
     /// Where the rate-limit buckets live: this process, or Redis (distributed).
@@ -66,6 +69,7 @@ impl IngressState {
             bus_dedup: RwLock::new(Arc::new(HashMap::new())),
             bus_auth: RwLock::new(Arc::new(HashMap::new())),
             bus_rate: RwLock::new(Arc::new(HashMap::new())),
+            schemas: RwLock::new(Arc::new(HashMap::new())),
             limiter: RwLock::new(Arc::new(ratelimit::LocalLimiter::default())),
             limits,
             cluster,
@@ -117,6 +121,19 @@ impl IngressState {
 
     pub fn set_bus_dedup(&self, windows: HashMap<String, Duration>) {
         *self.bus_dedup.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(windows);
+    }
+
+    /// The JSON Schemas of a bus, if it has some.
+    pub fn bus_schemas(&self, bus: &str) -> Option<Arc<schema::BusSchemas>> {
+        self.schemas
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(bus)
+            .cloned()
+    }
+
+    pub fn set_schemas(&self, schemas: HashMap<String, Arc<schema::BusSchemas>>) {
+        *self.schemas.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(schemas);
     }
 
     pub fn set_bus_rate_limits(&self, limits: HashMap<String, ratelimit::RateLimitConfig>) {
@@ -440,7 +457,12 @@ async fn handle_events(state: Arc<IngressState>, bus: String, request: Request) 
     let window = state.bus_dedup(&bus);
     // The dedup key of each entry (`source` + `id`), when the bus opted in.
     let mut keys: Vec<Option<String>> = Vec::new();
+    let schemas = state.bus_schemas(&bus);
     let mut encode = |parsed: Result<cloudevent::Parsed, EventError>| {
+        let parsed = match &schemas {
+            Some(schemas) => parsed.and_then(|p| schemas.check(&p).map(|()| p)),
+            None => parsed,
+        };
         keys.push(window.and(parsed.as_ref().ok()).map(|p| {
             let source = cloudevents::AttributesReader::source(&p.event).to_string();
             let id = cloudevents::AttributesReader::id(&p.event);

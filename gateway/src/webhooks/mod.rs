@@ -830,6 +830,10 @@ async fn receive(
         ce.insert(header::CONTENT_TYPE, ct.clone());
     }
     let parsed = crate::ingress::cloudevent::from_binary(&ce, &body);
+    let parsed = match state.bus_schemas(&hook.bus) {
+        Some(schemas) => parsed.and_then(|p| schemas.check(&p).map(|()| p)),
+        None => parsed,
+    };
     let entry = crate::ingress::entry(parsed, log.shards(), &state.limits);
     if let Err(e) = &entry {
         return crate::ingress::event_problem(e.clone()).into_response();
