@@ -69,6 +69,9 @@ pub struct Config {
     pub store: StoreConfig,
     #[serde(default)]
     pub delivery: DeliveryConfig,
+    /// The admin API (`/api/v1`): its credentials and, optionally, its own address.
+    #[serde(default)]
+    pub admin: AdminConfig,
     #[serde(default)]
     pub buses: Vec<BusConfig>,
     #[serde(default)]
@@ -87,6 +90,20 @@ pub struct Config {
     /// The configuration file's directory (relative schema paths start there).
     #[serde(skip)]
     pub base_dir: PathBuf,
+}
+
+/// `[admin]`: who may use the admin API and where it listens.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// The admin API's own address; by default it is served on `listen` with the ingress.
+    #[serde(default)]
+    pub listen: Option<SocketAddr>,
+    /// The accepted bearer tokens, as SHA-256 hashes (`sha256:<hex>`; `sluice ctl
+    /// hash-token` prints one). `SLUICE_ADMIN_TOKEN` adds one token in clear. With none,
+    /// the admin API answers only clients on loopback.
+    #[serde(default)]
+    pub tokens: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -275,6 +292,15 @@ pub struct BusConfig {
     /// more are answered `429` with `Retry-After`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<crate::ingress::ratelimit::RateLimitConfig>,
+    /// Opt-in: keep events this long after acceptance even once every subscription has
+    /// passed them, so they can be replayed (`POST /api/v1/buses/{bus}/replays`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_duration",
+        serialize_with = "ser_optional_duration"
+    )]
+    pub retention: Option<Duration>,
 }
 
 fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -414,6 +440,78 @@ mod nested {
         Some(render(text, at, message))
     }
 
+    /// The JSON pointer of where an error is in `text` (written by `from_json`: one inline
+    /// value per key, so each field has its own span): the deepest key or value whose span
+    /// holds the error's, refined inside a tagged table the way `locate` does.
+    pub(super) fn pointer(text: &str, error: &toml::de::Error) -> Option<String> {
+        let mut span = error.span()?;
+        let root = DeTable::parse(text).ok()?;
+        // Errors inside tagged tables come back spanning the table, or the whole array
+        // of them: look inside for what the message is about.
+        if let Some(element) = root.get_ref().iter().find_map(|(_, v)| value_at(v, &span)) {
+            for partial in [false, true] {
+                let mut found = None;
+                visit_value(element, error.message(), partial, 0, &mut found);
+                if let Some((at, _)) = found {
+                    span = at;
+                    break;
+                }
+            }
+        }
+        let mut path = Vec::new();
+        walk_table(root.get_ref(), &span, &mut path);
+        Some(
+            path.iter()
+                .map(|p| format!("/{}", p.replace('~', "~0").replace('/', "~1")))
+                .collect(),
+        )
+    }
+
+    /// The table or array (at any depth) whose span is `span`.
+    fn value_at<'a, 'i>(
+        value: &'a Spanned<DeValue<'i>>,
+        span: &Range<usize>,
+    ) -> Option<&'a Spanned<DeValue<'i>>> {
+        match value.get_ref() {
+            DeValue::Table(_) | DeValue::Array(_) if value.span() == *span => Some(value),
+            DeValue::Table(t) => t.iter().find_map(|(_, v)| value_at(v, span)),
+            DeValue::Array(items) => items.iter().find_map(|i| value_at(i, span)),
+            _ => None,
+        }
+    }
+
+    fn walk_table(table: &DeTable<'_>, span: &Range<usize>, path: &mut Vec<String>) {
+        for (key, value) in table {
+            let holds = |r: Range<usize>| r.start <= span.start && span.end <= r.end;
+            if holds(key.span()) {
+                path.push(key.get_ref().to_string());
+                return;
+            }
+            if holds(value.span()) {
+                path.push(key.get_ref().to_string());
+                walk_value(value, span, path);
+                return;
+            }
+        }
+    }
+
+    fn walk_value(value: &Spanned<DeValue<'_>>, span: &Range<usize>, path: &mut Vec<String>) {
+        match value.get_ref() {
+            DeValue::Table(t) => walk_table(t, span, path),
+            DeValue::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    let r = item.span();
+                    if r.start <= span.start && span.end <= r.end {
+                        path.push(i.to_string());
+                        walk_value(item, span, path);
+                        return;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// The table (at any depth) whose span is `span`.
     fn table_at<'a, 'i>(table: &'a DeTable<'i>, span: &Range<usize>) -> Option<&'a DeTable<'i>> {
         table
@@ -532,6 +630,79 @@ mod nested {
     }
 }
 
+/// Reads a resource (a bus, a rule, a source, or a set of them) from JSON with the
+/// configuration file's own deserializer: the JSON is written as TOML with inline tables
+/// (every value keeps its own position) and parsed as a configuration file is. An error
+/// names the field at fault as a JSON pointer.
+pub fn from_json<T: serde::de::DeserializeOwned>(
+    value: &serde_json::Value,
+) -> Result<T, (String, String)> {
+    let serde_json::Value::Object(map) = value else {
+        return Err((String::new(), "expected a JSON object".to_string()));
+    };
+    let mut text = String::new();
+    for (key, value) in map {
+        if value.is_null() {
+            continue;
+        }
+        text.push_str(&toml_key(key));
+        text.push_str(" = ");
+        toml_value(value, &mut text);
+        text.push('\n');
+    }
+    toml::from_str(&text).map_err(|e| {
+        let pointer = nested::pointer(&text, &e).unwrap_or_default();
+        (pointer, e.message().trim_end().to_string())
+    })
+}
+
+fn toml_key(key: &str) -> String {
+    serde_json::to_string(key).unwrap_or_else(|_| "\"\"".to_string())
+}
+
+/// JSON as an inline TOML value (JSON string escapes are TOML basic-string escapes). Nulls
+/// inside objects mean "absent".
+fn toml_value(value: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match value {
+        Value::Null => out.push_str("{}"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => {
+            let text = n.to_string();
+            if n.is_f64() && !text.contains(['.', 'e', 'E']) {
+                out.push_str(&format!("{text}.0"));
+            } else {
+                out.push_str(&text);
+            }
+        }
+        Value::String(s) => out.push_str(&serde_json::to_string(s).unwrap_or_default()),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                toml_value(item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            out.push('{');
+            let mut first = true;
+            for (key, value) in map.iter().filter(|(_, v)| !v.is_null()) {
+                if !first {
+                    out.push_str(", ");
+                }
+                first = false;
+                out.push_str(&toml_key(key));
+                out.push_str(" = ");
+                toml_value(value, out);
+            }
+            out.push('}');
+        }
+    }
+}
+
 mod defaults {
     use std::net::SocketAddr;
     use std::path::PathBuf;
@@ -646,8 +817,38 @@ impl FromStr for Mode {
     }
 }
 
+/// The kinds of resource the catalog holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Bus,
+    Rule,
+    Source,
+}
+
+/// A resource that does not pass the checks: which one (its kind and index among the
+/// channels), the field at fault as a JSON pointer inside it (`/targets/0/retry`), and why.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct Invalid {
+    pub kind: Kind,
+    pub index: usize,
+    pub pointer: String,
+    pub message: String,
+}
+
+impl Invalid {
+    fn new(kind: Kind, index: usize, pointer: &str, message: String) -> Invalid {
+        Invalid {
+            kind,
+            index,
+            pointer: pointer.to_string(),
+            message,
+        }
+    }
+}
+
 /// The buses and rules of a configuration: what the cluster shares and versions.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Channels {
     #[serde(default)]
@@ -659,6 +860,130 @@ pub struct Channels {
 }
 
 impl Channels {
+    /// Every check of buses, rules and sources the configuration loader makes: names are
+    /// unique and valid, rules and sources name existing buses, patterns, filters,
+    /// transforms and targets compile. The error names the resource and, as a JSON
+    /// pointer inside it, the field at fault.
+    pub fn check(&self) -> Result<(), Invalid> {
+        let mut buses = HashSet::new();
+        for (index, bus) in self.buses.iter().enumerate() {
+            let name = bus.name.get_ref();
+            let bad =
+                |pointer: &str, message: String| Invalid::new(Kind::Bus, index, pointer, message);
+            check_name(name).map_err(|m| bad("/name", format!("bus name: {m}")))?;
+            if !buses.insert(name.as_str()) {
+                return Err(bad("/name", format!("bus `{name}` is defined twice")));
+            }
+            if let Some(limit) = &bus.rate_limit {
+                limit
+                    .check()
+                    .map_err(|m| bad("/rate_limit", format!("bus `{name}`: {m}")))?;
+            }
+            if let Some(auth) = &bus.auth {
+                auth.resolve()
+                    .map_err(|m| bad("/auth", format!("bus `{name}`: {m}")))?;
+            }
+            if bus.shards == 0 || bus.shards > 1024 {
+                return Err(bad(
+                    "/shards",
+                    format!("bus `{name}`: shards must be between 1 and 1024"),
+                ));
+            }
+        }
+        let mut rules = HashSet::new();
+        for (index, rule) in self.rules.iter().enumerate() {
+            let name = rule.name.get_ref();
+            let bad =
+                |pointer: &str, message: String| Invalid::new(Kind::Rule, index, pointer, message);
+            check_name(name).map_err(|m| bad("/name", format!("rule name: {m}")))?;
+            if !rules.insert((rule.bus.get_ref().as_str(), name.as_str())) {
+                return Err(bad(
+                    "/name",
+                    format!(
+                        "rule `{name}` is defined twice on bus `{}`",
+                        rule.bus.get_ref()
+                    ),
+                ));
+            }
+            if !buses.contains(rule.bus.get_ref().as_str()) {
+                return Err(bad(
+                    "/bus",
+                    format!(
+                        "rule `{name}` names bus `{}`, which is not defined",
+                        rule.bus.get_ref()
+                    ),
+                ));
+            }
+            crate::rules::Filter::compile_located(
+                rule.pattern.as_ref().map(Spanned::get_ref),
+                rule.filter.as_ref().map(|f| f.get_ref().as_str()),
+            )
+            .map_err(|(pointer, m)| bad(&pointer, format!("rule `{name}`: {m}")))?;
+            if rule.targets.is_empty() {
+                return Err(bad("/targets", format!("rule `{name}` has no targets")));
+            }
+            let mut targets = HashSet::new();
+            for (i, target) in rule.targets.iter().enumerate() {
+                let target_name = target.name();
+                let at = |field: &str| format!("/targets/{i}{field}");
+                check_name(target_name)
+                    .map_err(|m| bad(&at("/name"), format!("rule `{name}`: target name: {m}")))?;
+                if !targets.insert(target_name) {
+                    return Err(bad(
+                        &at("/name"),
+                        format!("rule `{name}`: target `{target_name}` is defined twice"),
+                    ));
+                }
+                if let Some(spec) = target.transform() {
+                    crate::rules::compile_transform(spec).map_err(|m| {
+                        bad(
+                            &at("/transform"),
+                            format!("rule `{name}`, target `{target_name}`: {m}"),
+                        )
+                    })?;
+                }
+                if let TargetConfig::File(file) = target {
+                    if file.path.trim().is_empty() {
+                        return Err(bad(
+                            &at("/path"),
+                            format!("rule `{name}`: file target `{target_name}`: `path` is empty"),
+                        ));
+                    }
+                }
+                crate::targets::check(target, &buses).map_err(|m| {
+                    bad(
+                        &at(""),
+                        format!("rule `{name}`: target `{target_name}`: {m}"),
+                    )
+                })?;
+            }
+        }
+        let mut sources = HashSet::new();
+        for (index, source) in self.sources.iter().enumerate() {
+            let name = source.name();
+            let bad = |pointer: &str, message: String| {
+                Invalid::new(
+                    Kind::Source,
+                    index,
+                    pointer,
+                    format!("source `{name}`: {message}"),
+                )
+            };
+            check_name(name).map_err(|m| bad("/name", m))?;
+            if !sources.insert(name) {
+                return Err(bad("/name", "is defined twice".to_string()));
+            }
+            if !buses.contains(source.bus()) {
+                return Err(bad(
+                    "/bus",
+                    format!("bus `{}` is not defined", source.bus()),
+                ));
+            }
+            source.check().map_err(|m| bad("", m))?;
+        }
+        Ok(())
+    }
+
     pub fn to_toml(&self) -> Result<String, String> {
         toml::to_string(self).map_err(|e| e.to_string())
     }
@@ -748,8 +1073,8 @@ impl Config {
                 "redis_url" => self.redis_url = Some(value),
                 "redis_prefix" => self.redis_prefix = value,
                 "worker_id" => self.worker_id = Some(value),
-                // Read by the CLI itself, not a configuration key.
-                "config" => {}
+                // Read by the CLI itself and by the admin API, not configuration keys.
+                "config" | "admin_token" | "server" => {}
                 _ => unknown.push(var.clone()),
             }
         }
@@ -795,148 +1120,38 @@ impl Config {
                 message: "cluster.member_ttl and cluster.lease_ttl must be longer than cluster.heartbeat_interval".to_string(),
             });
         }
-        let mut buses = HashSet::new();
-        for bus in &self.buses {
-            check_name(bus.name.get_ref())
-                .map_err(|m| invalid(bus.name.span(), format!("bus name: {m}")))?;
-            if !buses.insert(bus.name.get_ref().as_str()) {
-                return Err(invalid(
-                    bus.name.span(),
-                    format!("bus `{}` is defined twice", bus.name.get_ref()),
-                ));
-            }
-            if let Some(limit) = &bus.rate_limit {
-                limit.check().map_err(|m| {
-                    invalid(
-                        bus.name.span(),
-                        format!("bus `{}`: {m}", bus.name.get_ref()),
-                    )
-                })?;
-            }
-            if let Some(auth) = &bus.auth {
-                auth.resolve().map_err(|m| {
-                    invalid(
-                        bus.name.span(),
-                        format!("bus `{}`: {m}", bus.name.get_ref()),
-                    )
-                })?;
-            }
-            if bus.shards == 0 || bus.shards > 1024 {
-                return Err(invalid(
-                    bus.name.span(),
-                    format!(
-                        "bus `{}`: shards must be between 1 and 1024",
-                        bus.name.get_ref()
-                    ),
-                ));
-            }
-        }
-        let mut rules = HashSet::new();
-        for rule in &self.rules {
-            check_name(rule.name.get_ref())
-                .map_err(|m| invalid(rule.name.span(), format!("rule name: {m}")))?;
-            if !rules.insert((rule.bus.get_ref().as_str(), rule.name.get_ref().as_str())) {
-                return Err(invalid(
-                    rule.name.span(),
-                    format!(
-                        "rule `{}` is defined twice on bus `{}`",
-                        rule.name.get_ref(),
-                        rule.bus.get_ref()
-                    ),
-                ));
-            }
-            if !buses.contains(rule.bus.get_ref().as_str()) {
-                return Err(invalid(
-                    rule.bus.span(),
-                    format!(
-                        "rule `{}` names bus `{}`, which is not defined",
-                        rule.name.get_ref(),
-                        rule.bus.get_ref()
-                    ),
-                ));
-            }
-            let at = rule
-                .pattern
-                .as_ref()
-                .map(Spanned::span)
-                .or_else(|| rule.filter.as_ref().map(Spanned::span))
-                .unwrap_or_else(|| rule.name.span());
-            crate::rules::Filter::compile(
-                rule.pattern.as_ref().map(Spanned::get_ref),
-                rule.filter.as_ref().map(|f| f.get_ref().as_str()),
-            )
-            .map_err(|m| invalid(at, format!("rule `{}`: {m}", rule.name.get_ref())))?;
-            if rule.targets.is_empty() {
-                return Err(invalid(
-                    rule.name.span(),
-                    format!("rule `{}` has no targets", rule.name.get_ref()),
-                ));
-            }
-            let mut targets = HashSet::new();
-            for target in &rule.targets {
-                // Targets sit in a tagged table whose spans serde does not keep: point at the rule.
-                let at = rule.name.span();
-                let name = target.name();
-                check_name(name).map_err(|m| {
-                    invalid(
-                        at.clone(),
-                        format!("rule `{}`: target name: {m}", rule.name.get_ref()),
-                    )
-                })?;
-                if !targets.insert(name) {
-                    return Err(invalid(
-                        at,
-                        format!(
-                            "rule `{}`: target `{name}` is defined twice",
-                            rule.name.get_ref()
-                        ),
-                    ));
-                }
-                if let Some(spec) = target.transform() {
-                    crate::rules::compile_transform(spec).map_err(|m| {
-                        invalid(
-                            at.clone(),
-                            format!("rule `{}`, target `{name}`: {m}", rule.name.get_ref()),
-                        )
-                    })?;
-                }
-                if let TargetConfig::File(file) = target {
-                    if file.path.trim().is_empty() {
-                        return Err(invalid(
-                            at,
-                            format!(
-                                "rule `{}`: file target `{name}`: `path` is empty",
-                                rule.name.get_ref()
-                            ),
-                        ));
-                    }
-                }
-                crate::targets::check(target, &buses).map_err(|m| {
-                    invalid(
-                        at.clone(),
-                        format!("rule `{}`: target `{name}`: {m}", rule.name.get_ref()),
-                    )
-                })?;
-            }
-        }
-        let mut sources = HashSet::new();
-        for source in &self.sources {
-            let name = source.name();
-            let at = find_line(text, "[[sources]]");
-            let bad = |message: String| ConfigError::Invalid {
-                path: path.to_path_buf(),
-                line: at,
-                message: format!("source `{name}`: {message}"),
+        let channels = self.channels();
+        channels.check().map_err(|e| {
+            let line = match e.kind {
+                Kind::Bus => self
+                    .buses
+                    .get(e.index)
+                    .map(|b| line_of(text, b.name.span().start)),
+                Kind::Rule => self.rules.get(e.index).map(|rule| {
+                    let span = if e.pointer.starts_with("/pattern") {
+                        rule.pattern.as_ref().map(Spanned::span)
+                    } else if e.pointer.starts_with("/filter") {
+                        rule.filter.as_ref().map(Spanned::span)
+                    } else if e.pointer == "/bus" {
+                        Some(rule.bus.span())
+                    } else {
+                        None
+                    };
+                    line_of(text, span.unwrap_or_else(|| rule.name.span()).start)
+                }),
+                Kind::Source => Some(find_line(text, "[[sources]]")),
             };
-            check_name(name).map_err(&bad)?;
-            if !sources.insert(name) {
-                return Err(bad("is defined twice".to_string()));
+            ConfigError::Invalid {
+                path: path.to_path_buf(),
+                line: line.unwrap_or(1),
+                message: e.message,
             }
-            if !buses.contains(source.bus()) {
-                return Err(bad(format!("bus `{}` is not defined", source.bus())));
-            }
-            source.check().map_err(&bad)?;
-        }
+        })?;
+        let buses: HashSet<&str> = self
+            .buses
+            .iter()
+            .map(|b| b.name.get_ref().as_str())
+            .collect();
         crate::webhooks::check(&self.webhooks, &buses).map_err(|(at, m)| invalid(at, m))?;
         for schema in &self.schemas {
             if !buses.contains(schema.bus.as_str()) {

@@ -170,6 +170,10 @@ pub trait Cluster: Send + Sync + 'static {
 
     async fn statuses(&self) -> Result<Vec<Status>, StoreError>;
 
+    /// Forgets the statuses (and pause and restart entries) of connectors and tasks that
+    /// no longer exist (their rule or source was deleted).
+    async fn forget(&self, ids: &[String]) -> Result<(), StoreError>;
+
     /// Announces that this worker leaves (graceful shutdown).
     async fn leave(&self);
 }
@@ -300,6 +304,16 @@ impl Cluster for LocalCluster {
 
     async fn statuses(&self) -> Result<Vec<Status>, StoreError> {
         Ok(self.state().statuses.values().cloned().collect())
+    }
+
+    async fn forget(&self, ids: &[String]) -> Result<(), StoreError> {
+        let mut state = self.state();
+        for id in ids {
+            state.statuses.remove(id);
+            state.control.paused.remove(id);
+            state.control.restarts.remove(id);
+        }
+        Ok(())
     }
 
     async fn leave(&self) {}

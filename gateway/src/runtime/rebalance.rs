@@ -18,6 +18,16 @@ pub enum Strategy {
     ConsistentHash,
 }
 
+impl Strategy {
+    /// The name the configuration uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::SortedHash => "sorted-hash",
+            Strategy::ConsistentHash => "consistent-hash",
+        }
+    }
+}
+
 impl std::str::FromStr for Strategy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

@@ -11,7 +11,7 @@
 //! {p}:lease:{task}             "{worker}|{epoch}", expires after the lease TTL
 //! {p}:epoch:{task}             fencing epoch counter of the task
 //! {p}:members                  sorted set: worker id -> last heartbeat (Redis time, ms)
-//! {p}:config                   hash: version, digest, toml (buses, rules and sources)
+//! {p}:config                   hash: version, digest, toml (buses, rules and sources), versions (JSON: each resource's version)
 //! {p}:paused                   set of paused connector and task ids
 //! {p}:restarts                 hash: connector or task id -> restart generation
 //! {p}:status                   hash: connector or task id -> status JSON
@@ -122,12 +122,14 @@ impl Redis {
 // ---------------------------------------------------------------------------------------
 // Bus logs
 
+/// ARGV: the acceptance time (ms), then the records. Each entry: `e` the event, `t` when it
+/// was accepted.
 const APPEND: &str = r"
-local n = #ARGV
+local n = #ARGV - 1
 local last = redis.call('INCRBY', KEYS[2], n)
 local first = last - n
 for i = 1, n do
-  redis.call('XADD', KEYS[1], '0-' .. (first + i), 'e', ARGV[i])
+  redis.call('XADD', KEYS[1], '0-' .. (first + i), 'e', ARGV[i + 1], 't', ARGV[1])
 end
 return first
 ";
@@ -195,6 +197,7 @@ impl BusLog for RedisLog {
             invocation
                 .key(self.stream(append.shard))
                 .key(self.counter(append.shard));
+            invocation.arg(crate::store::now_ms());
             for record in &append.records {
                 invocation.arg(record.as_ref());
             }
@@ -340,12 +343,27 @@ impl RedisReader {
                 // Trimmed past our position (it was released): continue at what is there.
                 tracing::warn!(stream = %self.stream, expected = self.next, found = seq, "records are missing from the stream");
             }
-            let payload = fields
-                .into_iter()
-                .find(|(name, _)| name == "e")
-                .map(|(_, value)| Bytes::from(value))
-                .ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no event")))?;
-            records.push(Record { seq, payload });
+            let mut payload = None;
+            let mut accepted_ms = 0;
+            for (name, value) in fields {
+                match name.as_str() {
+                    "e" => payload = Some(Bytes::from(value)),
+                    "t" => {
+                        accepted_ms = std::str::from_utf8(&value)
+                            .ok()
+                            .and_then(|t| t.parse().ok())
+                            .unwrap_or(0)
+                    }
+                    _ => {}
+                }
+            }
+            let payload =
+                payload.ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no event")))?;
+            records.push(Record {
+                seq,
+                payload,
+                accepted_ms,
+            });
             self.next = seq + 1;
         }
         Ok(records)
@@ -848,18 +866,30 @@ impl RedisCluster {
         format!("{}|{}", self.id, lease.epoch)
     }
 
-    /// The stored configuration: (version, TOML of buses and rules).
-    pub async fn load_config(&self) -> Result<Option<(u64, String)>, StoreError> {
+    /// The stored catalog: its version, the TOML of its buses, rules and sources, and the
+    /// version of each resource (JSON). `None` when nothing is stored yet.
+    pub async fn load_catalog(&self) -> Result<Option<crate::catalog::Stored>, StoreError> {
         let map: HashMap<String, String> = self
             .redis
             .conn()
             .hgetall(self.redis.key(&["config"]))
             .await
             .map_err(|e| redis_error("read config", &e))?;
-        match (map.get("version"), map.get("toml")) {
-            (Some(v), Some(toml)) => Ok(v.parse().ok().map(|v| (v, toml.clone()))),
-            _ => Ok(None),
-        }
+        let (Some(version), Some(text)) = (
+            map.get("version").and_then(|v| v.parse().ok()),
+            map.get("toml"),
+        ) else {
+            return Ok(None);
+        };
+        let versions = map
+            .get("versions")
+            .and_then(|v| serde_json::from_str(v).ok())
+            .unwrap_or_default();
+        Ok(Some(crate::catalog::Stored {
+            version,
+            text: text.clone(),
+            versions,
+        }))
     }
 
     pub async fn config_version(&self) -> Result<u64, StoreError> {
@@ -871,29 +901,42 @@ impl RedisCluster {
             .map_err(|e| redis_error("read config version", &e))
     }
 
-    /// Stores a configuration unless it is the one stored already; returns its version.
-    /// Every change bumps the version and is announced to all workers.
-    pub async fn apply_config(&self, toml: &str) -> Result<u64, StoreError> {
-        const APPLY: &str = r"
-local current = redis.call('HGET', KEYS[1], 'digest')
-if current == ARGV[1] then return tonumber(redis.call('HGET', KEYS[1], 'version')) end
+    /// Stores a catalog if the stored version is still `expected` (0: nothing stored):
+    /// `Ok(new version)`, or `Err(the stored version)` when another writer came first.
+    /// Every change is announced to all workers.
+    pub async fn store_catalog(
+        &self,
+        expected: u64,
+        text: &str,
+        versions: &str,
+    ) -> Result<Result<u64, u64>, StoreError> {
+        const STORE: &str = r"
+local current = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+if current ~= tonumber(ARGV[1]) then return -current end
 local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
-redis.call('HSET', KEYS[1], 'digest', ARGV[1], 'toml', ARGV[2])
+redis.call('HSET', KEYS[1], 'digest', ARGV[2], 'toml', ARGV[3], 'versions', ARGV[4])
 redis.call('PUBLISH', KEYS[2], 'config:' .. v)
 return v
 ";
         let digest = format!(
             "{:016x}",
-            crate::runtime::rebalance::stable_hash(toml.as_bytes())
+            crate::runtime::rebalance::stable_hash(text.as_bytes())
         );
-        Script::new(APPLY)
+        let answer = Script::new(STORE)
             .key(self.redis.key(&["config"]))
             .key(self.channel())
+            .arg(expected)
             .arg(digest)
-            .arg(toml)
-            .invoke_async::<u64>(&mut self.redis.conn())
+            .arg(text)
+            .arg(versions)
+            .invoke_async::<i64>(&mut self.redis.conn())
             .await
-            .map_err(|e| redis_error("apply config", &e))
+            .map_err(|e| redis_error("store config", &e))?;
+        Ok(if answer > 0 {
+            Ok(answer as u64)
+        } else {
+            Err(answer.unsigned_abs())
+        })
     }
 }
 
@@ -1138,6 +1181,22 @@ impl Cluster for RedisCluster {
             .collect();
         statuses.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(statuses)
+    }
+
+    async fn forget(&self, ids: &[String]) -> Result<(), StoreError> {
+        for chunk in ids.chunks(1000) {
+            let mut pipe = redis::pipe();
+            pipe.hdel(self.redis.key(&["status"]), chunk)
+                .ignore()
+                .srem(self.redis.key(&["paused"]), chunk)
+                .ignore()
+                .hdel(self.redis.key(&["restarts"]), chunk)
+                .ignore();
+            pipe.query_async::<()>(&mut self.redis.conn())
+                .await
+                .map_err(|e| redis_error("forget statuses", &e))?;
+        }
+        Ok(())
     }
 
     async fn leave(&self) {
