@@ -93,6 +93,7 @@ pub struct Metrics {
     pub retried: Family<SubscriptionLabels, Counter>,
     pub dead_lettered: Family<SubscriptionLabels, Counter>,
     pub delivery_duration: HistogramFamily<SubscriptionLabels>,
+    pub event_latency: HistogramFamily<SubscriptionLabels>,
     pub lag_events: Family<SubscriptionShardLabels, Gauge>,
     task_state: Family<TaskLabels, Gauge>,
     task_states: Mutex<HashMap<String, TaskLabels>>,
@@ -218,6 +219,14 @@ impl Metrics {
             Unit::Seconds,
             delivery_duration.clone(),
         );
+        let event_latency: HistogramFamily<SubscriptionLabels> =
+            Family::new_with_constructor(delivery_buckets);
+        r.register_with_unit(
+            "subscription_event_latency",
+            "Time from an event's acceptance (stored, 202) to the target's acknowledgement of it",
+            Unit::Seconds,
+            event_latency.clone(),
+        );
         let lag_events = Family::default();
         r.register(
             "subscription_lag_events",
@@ -265,6 +274,7 @@ impl Metrics {
             retried,
             dead_lettered,
             delivery_duration,
+            event_latency,
             lag_events,
             task_state,
             task_states: Mutex::new(HashMap::new()),
@@ -322,6 +332,7 @@ impl Metrics {
             retried: self.retried.get_or_create(&labels).clone(),
             dead_lettered: self.dead_lettered.get_or_create(&labels).clone(),
             duration: self.delivery_duration.get_or_create(&labels).clone(),
+            latency: self.event_latency.get_or_create(&labels).clone(),
         }
     }
 
@@ -363,6 +374,7 @@ pub struct SubscriptionMetrics {
     pub retried: Counter,
     pub dead_lettered: Counter,
     pub duration: Histogram,
+    pub latency: Histogram,
 }
 
 #[cfg(test)]

@@ -248,15 +248,16 @@ impl Delivery {
             }
             match self.target.deliver(events).await {
                 Ok(()) => {
-                    self.delivered(events.len(), first);
+                    self.delivered(events, first);
                     return;
                 }
                 Err(e) => {
                     self.log_failure(&e, attempts, events.len());
-                    if events.len() > 1 && (!e.retryable || self.exhausted(attempts, first)) {
+                    let exhausted = self.exhausted(attempts, first, events);
+                    if events.len() > 1 && (!e.retryable || exhausted) {
                         break e;
                     }
-                    if !e.retryable || self.exhausted(attempts, first) {
+                    if !e.retryable || exhausted {
                         self.dead_letter(&events[0], &e, attempts).await;
                         return;
                     }
@@ -281,12 +282,12 @@ impl Delivery {
             }
             match self.target.deliver(one).await {
                 Ok(()) => {
-                    self.delivered(1, first);
+                    self.delivered(one, first);
                     return;
                 }
                 Err(e) => {
                     self.log_failure(&e, attempts, 1);
-                    if !e.retryable || self.exhausted(attempts, first) {
+                    if !e.retryable || self.exhausted(attempts, first, one) {
                         self.dead_letter(event, &e, attempts).await;
                         return;
                     }
@@ -296,13 +297,35 @@ impl Delivery {
         }
     }
 
-    fn exhausted(&self, attempts: u32, first: Instant) -> bool {
-        attempts >= self.policy.max_attempts || first.elapsed() >= self.policy.max_event_age
+    /// Out of attempts, or the oldest event is older than `max_event_age`, counted from
+    /// its acceptance (from the first attempt for events stored without their time).
+    fn exhausted(&self, attempts: u32, first: Instant, events: &[Envelope]) -> bool {
+        if attempts >= self.policy.max_attempts {
+            return true;
+        }
+        let oldest = events
+            .iter()
+            .map(|e| e.accepted_ms)
+            .filter(|t| *t > 0)
+            .min();
+        let age = match oldest {
+            Some(accepted) => {
+                Duration::from_millis(crate::store::now_ms().saturating_sub(accepted))
+            }
+            None => first.elapsed(),
+        };
+        age >= self.policy.max_event_age
     }
 
-    fn delivered(&self, events: usize, first: Instant) {
-        self.metrics.delivered.inc_by(events as u64);
+    fn delivered(&self, events: &[Envelope], first: Instant) {
+        self.metrics.delivered.inc_by(events.len() as u64);
         self.metrics.duration.observe(first.elapsed().as_secs_f64());
+        let now = crate::store::now_ms();
+        for e in events.iter().filter(|e| e.accepted_ms > 0) {
+            self.metrics
+                .latency
+                .observe(now.saturating_sub(e.accepted_ms) as f64 / 1000.0);
+        }
     }
 
     fn log_failure(&self, e: &TargetError, attempts: u32, events: usize) {
@@ -393,6 +416,7 @@ impl Delivery {
                     target
                         .deliver(&[Envelope {
                             raw,
+                            accepted_ms: 0,
                             event: Some(letter.clone()),
                             body: None,
                         }])

@@ -512,6 +512,7 @@ impl Shared {
                         self.shard,
                         record.seq,
                         &record.payload,
+                        record.accepted_ms,
                         event.as_ref(),
                     ) {
                         lane.sub.delivery.metrics().matched.inc();
@@ -789,11 +790,13 @@ fn prepare(
     shard: u32,
     seq: Seq,
     payload: &Bytes,
+    accepted_ms: u64,
     event: Option<&Event>,
 ) -> Option<Envelope> {
     let Some(chain) = &sub.transform else {
         return Some(Envelope {
             raw: payload.clone(),
+            accepted_ms,
             event: event.cloned(),
             body: None,
         });
@@ -806,6 +809,7 @@ fn prepare(
         Ok(Output::Event(transformed)) => match cloudevent::encode(&transformed) {
             Ok(raw) => Some(Envelope {
                 raw: raw.into(),
+                accepted_ms,
                 event: Some(transformed),
                 body: None,
             }),
@@ -819,6 +823,7 @@ fn prepare(
             bytes,
         }) => Some(Envelope {
             raw: payload.clone(),
+            accepted_ms,
             event: Some(event.clone()),
             body: Some(Body {
                 content_type,
@@ -1132,9 +1137,14 @@ impl LaneTask {
                     continue;
                 }
             }
-            if let Some(envelope) =
-                prepare(sub, self.shared.shard, r.seq, &r.payload, event.as_ref())
-            {
+            if let Some(envelope) = prepare(
+                sub,
+                self.shared.shard,
+                r.seq,
+                &r.payload,
+                r.accepted_ms,
+                event.as_ref(),
+            ) {
                 out.push(envelope);
             }
         }

@@ -61,6 +61,49 @@ impl StoreError {
 pub struct Record {
     pub seq: Seq,
     pub payload: Bytes,
+    /// When the store accepted the record (milliseconds since the Unix epoch); 0 for
+    /// records written before acceptance times were kept.
+    pub accepted_ms: u64,
+}
+
+/// The first byte of a stored record that begins with its acceptance time (8 bytes, big
+/// endian, milliseconds) before the event; older records are the event alone (JSON, `{`).
+const STAMPED: u8 = 0x01;
+/// The bytes the acceptance time adds to a stored record.
+pub const STAMP_BYTES: usize = 9;
+
+/// Writes a record's stored form: its acceptance time, then the event.
+pub fn write_stamped(buf: &mut Vec<u8>, accepted_ms: u64, payload: &[u8]) {
+    buf.push(STAMPED);
+    buf.extend_from_slice(&accepted_ms.to_be_bytes());
+    buf.extend_from_slice(payload);
+}
+
+impl Record {
+    /// A record read back from its stored form (stamped or not).
+    pub fn from_stored(seq: Seq, stored: Bytes) -> Record {
+        if stored.len() >= STAMP_BYTES && stored[0] == STAMPED {
+            let mut at = [0u8; 8];
+            at.copy_from_slice(&stored[1..STAMP_BYTES]);
+            return Record {
+                seq,
+                accepted_ms: u64::from_be_bytes(at),
+                payload: stored.slice(STAMP_BYTES..),
+            };
+        }
+        Record {
+            seq,
+            payload: stored,
+            accepted_ms: 0,
+        }
+    }
+}
+
+/// Now, in milliseconds since the Unix epoch: a record's acceptance time.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The records of one request bound for one shard.
@@ -207,4 +250,21 @@ pub trait PositionStore: Send + Sync + 'static {
     /// The lowest committed position of the bus shard's subscriptions (what `release` may
     /// drop below), without copying the group: it is asked on every commit.
     fn committed_min(&self, bus: &str, shard: u32) -> Option<Seq>;
+}
+
+#[cfg(test)]
+mod stamp_tests {
+    use super::*;
+
+    #[test]
+    fn stored_records_carry_their_acceptance_time_and_old_ones_read_as_before() {
+        let mut buf = Vec::new();
+        write_stamped(&mut buf, 1_700_000_000_123, br#"{"id":"1"}"#);
+        let r = Record::from_stored(7, Bytes::from(buf));
+        assert_eq!((r.seq, r.accepted_ms), (7, 1_700_000_000_123));
+        assert_eq!(&r.payload[..], br#"{"id":"1"}"#);
+        let old = Record::from_stored(8, Bytes::from_static(br#"{"id":"2"}"#));
+        assert_eq!(old.accepted_ms, 0);
+        assert_eq!(&old.payload[..], br#"{"id":"2"}"#);
+    }
 }

@@ -62,6 +62,8 @@ impl TargetError {
 #[derive(Debug, Clone)]
 pub struct Envelope {
     pub raw: Bytes,
+    /// When the event was accepted (ms since the Unix epoch; 0: not known).
+    pub accepted_ms: u64,
     pub event: Option<Event>,
     pub body: Option<Body>,
 }

@@ -68,7 +68,7 @@ struct Active {
 
 /// Recent records, oldest first, bounded by bytes.
 struct Cache {
-    records: VecDeque<(Seq, Bytes)>,
+    records: VecDeque<(Seq, u64, Bytes)>,
     bytes: usize,
     /// The first sequence number the cache can answer for.
     first: Seq,
@@ -229,9 +229,10 @@ impl EmbeddedLog {
         }
         let active = &mut *active;
         let first = active.next_seq;
+        let accepted = crate::store::now_ms();
         active.buf.clear();
         for (i, record) in records.iter().enumerate() {
-            encode_record(&mut active.buf, first + i as Seq, record);
+            encode_record(&mut active.buf, first + i as Seq, accepted, record);
         }
         let needed = active.file_len + active.buf.len() as u64;
         if self.options.durability == Durability::Fsync && needed > active.allocated {
@@ -258,10 +259,12 @@ impl EmbeddedLog {
             let mut cache = lock(&shard.cache);
             for (i, record) in records.iter().enumerate() {
                 cache.bytes += record.len();
-                cache.records.push_back((first + i as Seq, record.clone()));
+                cache
+                    .records
+                    .push_back((first + i as Seq, accepted, record.clone()));
             }
             while cache.bytes > self.options.cache_bytes {
-                let Some((seq, old)) = cache.records.pop_front() else {
+                let Some((seq, _, old)) = cache.records.pop_front() else {
                     break;
                 };
                 cache.bytes -= old.len();
@@ -672,15 +675,22 @@ fn read_record(reader: &mut impl Read, payload: &mut Vec<u8>) -> std::io::Result
     Ok(Some(u64::from_le_bytes(seq_bytes)))
 }
 
-fn encode_record(buf: &mut Vec<u8>, seq: Seq, payload: &[u8]) {
+/// A record on disk: length, CRC (of seq and stored form), seq, then the stored form (the
+/// acceptance time and the event, see `store::write_stamped`).
+fn encode_record(buf: &mut Vec<u8>, seq: Seq, accepted_ms: u64, payload: &[u8]) {
     let seq_bytes = seq.to_le_bytes();
+    let start = buf.len();
+    buf.extend_from_slice(&[0u8; HEADER]);
+    crate::store::write_stamped(buf, accepted_ms, payload);
+    let stored = &buf[start + HEADER..];
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&seq_bytes);
-    hasher.update(payload);
-    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    buf.extend_from_slice(&hasher.finalize().to_le_bytes());
-    buf.extend_from_slice(&seq_bytes);
-    buf.extend_from_slice(payload);
+    hasher.update(stored);
+    let len = (stored.len() as u32).to_le_bytes();
+    let crc = hasher.finalize().to_le_bytes();
+    buf[start..start + 4].copy_from_slice(&len);
+    buf[start + 4..start + 8].copy_from_slice(&crc);
+    buf[start + 8..start + HEADER].copy_from_slice(&seq_bytes);
 }
 
 /// Writes zeros over `[from, to)` of the file.
@@ -740,10 +750,11 @@ impl EmbeddedReader {
             .records
             .iter()
             .skip(start)
-            .take_while(|(seq, _)| *seq < limit)
-            .map(|(seq, payload)| Record {
+            .take_while(|(seq, _, _)| *seq < limit)
+            .map(|(seq, accepted_ms, payload)| Record {
                 seq: *seq,
                 payload: payload.clone(),
+                accepted_ms: *accepted_ms,
             })
             .collect();
         (!records.is_empty()).then_some(records)
@@ -853,10 +864,10 @@ impl ReadState {
         while records.len() < max && self.next < limit {
             match read_record(&mut self.file, &mut self.payload) {
                 Ok(Some(seq)) if seq == self.next => {
-                    records.push(Record {
+                    records.push(Record::from_stored(
                         seq,
-                        payload: Bytes::copy_from_slice(&self.payload),
-                    });
+                        Bytes::copy_from_slice(&self.payload),
+                    ));
                     self.next += 1;
                 }
                 Ok(Some(seq)) => {

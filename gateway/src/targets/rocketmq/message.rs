@@ -225,6 +225,7 @@ tag_attribute = "type"
     fn envelope(json: serde_json::Value) -> Envelope {
         Envelope {
             raw: Bytes::from(json.to_string()),
+            accepted_ms: 0,
             event: None,
             body: None,
         }
