@@ -1,4 +1,4 @@
-//! The first admin endpoints: cluster view (members, connector and task status) and
+//! The first admin endpoints, kept as aliases of `/api/v1` (see `api`): cluster view (members, connector and task status) and
 //! pause / resume / restart of a connector or a task. Any replica answers for the whole
 //! cluster, since the state lives in the cluster store.
 
@@ -18,7 +18,6 @@ use crate::runtime::cluster::task_id;
 pub fn routes() -> Router<Arc<IngressState>> {
     Router::new()
         .route("/admin/cluster", get(cluster))
-        .route("/api/v1/scaling", get(crate::scaling::handler))
         .route(
             "/admin/connectors/{bus}/{rule}/{target}/{action}",
             post(connector_action),
@@ -88,7 +87,12 @@ async fn source_task_action(
 /// Pause, resume or restart a connector (`task` = `None`) or one of its tasks. Only the
 /// running configuration's connectors and tasks are known: anything else is 404, so a
 /// typo is not silently remembered as a control entry for nothing.
-async fn act(state: &IngressState, connector: &str, task: Option<u32>, action: &str) -> Response {
+pub(crate) async fn act(
+    state: &IngressState,
+    connector: &str,
+    task: Option<u32>,
+    action: &str,
+) -> Response {
     let Some(tasks) = state.connectors().get(connector).copied() else {
         return Problem::unknown(format!(
             "no connector `{connector}` in the running configuration"

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::catalog::{Catalog, ChangeError, FileCatalog, RedisCatalog, Snapshot};
 use crate::config::{Channels, Config, Mode};
 use crate::ingress::{self, IngressState};
 use crate::rules::{compile_transform, Filter};
@@ -72,6 +73,64 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     main.await
 }
 
+/// Where bus logs come from: opened in the data directory (standalone, kept open until
+/// shutdown) or streams in the cluster's Redis.
+enum Logs {
+    Embedded {
+        data: DataDir,
+        options: LogOptions,
+        open: std::sync::Mutex<HashMap<String, Arc<crate::store::embedded::EmbeddedLog>>>,
+    },
+    Redis(Redis),
+}
+
+impl Logs {
+    /// The log of every bus of `channels`.
+    fn for_channels(
+        &self,
+        channels: &Channels,
+    ) -> Result<HashMap<String, Arc<dyn BusLog>>, StartError> {
+        let mut logs: HashMap<String, Arc<dyn BusLog>> = HashMap::new();
+        for bus in &channels.buses {
+            let name = bus.name.get_ref();
+            let log: Arc<dyn BusLog> = match self {
+                Logs::Embedded {
+                    data,
+                    options,
+                    open,
+                } => {
+                    let mut open = open.lock().unwrap_or_else(|p| p.into_inner());
+                    match open.get(name) {
+                        Some(log) if log.shards() == bus.shards => log.clone(),
+                        _ => {
+                            let log = Arc::new(data.open_bus(name, bus.shards, options)?);
+                            open.insert(name.clone(), log.clone());
+                            log
+                        }
+                    }
+                }
+                Logs::Redis(redis) => Arc::new(RedisLog::new(redis.clone(), name, bus.shards)),
+            };
+            logs.insert(name.clone(), log);
+        }
+        Ok(logs)
+    }
+
+    async fn close(&self) {
+        if let Logs::Embedded { open, .. } = self {
+            let logs: Vec<_> = open
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .cloned()
+                .collect();
+            for log in logs {
+                log.close().await;
+            }
+        }
+    }
+}
+
 async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<(), StartError> {
     let data = DataDir::open(&config.data_dir)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -80,63 +139,39 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             addr: config.listen,
             source,
         })?;
-    match config.mode {
+    let admin_listener = match config.admin.listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Listen { addr, source })?,
+        ),
+        None => None,
+    };
+    let id = worker_id(&config, data.path())?;
+    let data_path = data.path().to_path_buf();
+    let (cluster, positions, catalog, logs, limiter, dedup, redis_cluster) = match config.mode {
         Mode::Standalone => {
-            let options = LogOptions {
-                durability: config.durability,
-                segment_bytes: config.store.segment_bytes,
-                cache_bytes: config.store.cache_bytes,
-            };
-            let mut embedded = Vec::new();
-            let mut logs: HashMap<String, Arc<dyn BusLog>> = HashMap::new();
-            for bus in &config.buses {
-                let log = Arc::new(data.open_bus(bus.name.get_ref(), bus.shards, &options)?);
-                embedded.push(log.clone());
-                logs.insert(bus.name.get_ref().clone(), log);
-            }
             let positions: Arc<dyn PositionStore> = Arc::new(data.open_positions()?);
-            let id = worker_id(&config, data.path())?;
             let cluster: Arc<dyn Cluster> = Arc::new(LocalCluster::new(&id));
-            let plan = Arc::new(build_plan(&config, &config.channels(), 1, logs)?);
-            let worker = Worker::start(
-                cluster.clone(),
-                positions.clone(),
-                plan.clone(),
-                worker_options(&config),
-            );
-            let state = Arc::new(IngressState::new(
-                plan.logs.clone(),
-                config.limits.clone(),
-                cluster,
-            ));
-            state.set_connectors(plan.connectors());
-            state.set_positions(positions.clone());
-            tokio::spawn(crate::scaling::sample(state.clone(), stop.clone()));
-            state.set_bus_dedup(plan.dedup.clone());
-            state.set_bus_auth(plan.auth.clone());
-            state.set_bus_rate_limits(plan.rate_limits.clone());
-            state.set_schemas(
-                crate::ingress::schema::load(&config.schemas, &config.base_dir)
-                    .map_err(StartError::Config)?,
-            );
-            state.set_webhooks(
-                Webhooks::build(&config.webhooks, standalone_dedup(data.path())?)
-                    .map_err(StartError::Config)?,
-            );
-            announce(&config, &listener, data.path(), &id);
-            let drain = drain(stop.clone(), state.clone(), config.limits.shutdown_delay);
-            crate::server::serve(listener, ingress::router(state), &config.limits, drain).await;
-            tracing::info!("ingress stopped; finishing deliveries");
-            worker.shutdown().await;
-            for log in &embedded {
-                log.close().await;
-            }
+            let catalog = Catalog::new(Arc::new(FileCatalog::new(data.path())));
+            let dedup = standalone_dedup(data.path())?;
+            let logs = Logs::Embedded {
+                data,
+                options: LogOptions {
+                    durability: config.durability,
+                    segment_bytes: config.store.segment_bytes,
+                    cache_bytes: config.store.cache_bytes,
+                },
+                open: std::sync::Mutex::new(HashMap::new()),
+            };
+            let limiter: Arc<dyn crate::ingress::ratelimit::Limiter> =
+                Arc::new(crate::ingress::ratelimit::LocalLimiter::default());
+            (cluster, positions, catalog, logs, limiter, dedup, None)
         }
         Mode::Distributed => {
             let url = config.redis_url.clone().ok_or_else(|| {
                 StartError::Config("distributed mode needs redis_url".to_string())
             })?;
-            let id = worker_id(&config, data.path())?;
             let redis =
                 Redis::connect(&url, &config.redis_prefix, config.cluster.redis_timeout).await?;
             let cluster = RedisCluster::join(
@@ -150,74 +185,165 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             );
             let positions: Arc<dyn PositionStore> =
                 Arc::new(RedisPositions::new(redis.clone(), &id));
-            // The configuration is shared: publish ours (a no-op when it is already there)
-            // and run what the cluster holds. Wait for Redis if it is not up yet.
-            let (version, plan) = loop {
-                match sync_config(&config, &cluster, &redis, true).await {
-                    Ok(Some(found)) => break found,
-                    Ok(None) | Err(StartError::Store(_)) => {
-                        tracing::warn!("waiting for the cluster store to hold the configuration");
-                        tokio::select! {
-                            _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                            _ = stop.wait_for(|s| *s) => {
-                                cluster.leave().await;
-                                return Ok(());
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        cluster.leave().await;
-                        return Err(e);
+            let catalog = Catalog::new(Arc::new(RedisCatalog::new(cluster.clone())));
+            let limiter: Arc<dyn crate::ingress::ratelimit::Limiter> =
+                Arc::new(crate::ingress::ratelimit::RedisLimiter::new(redis.clone()));
+            let dedup: Arc<dyn Dedup> = Arc::new(RedisDedup::new(redis.clone()));
+            let shared: Arc<dyn Cluster> = cluster.clone();
+            (
+                shared,
+                positions,
+                catalog,
+                Logs::Redis(redis),
+                limiter,
+                dedup,
+                Some(cluster),
+            )
+        }
+    };
+    let leave = || async {
+        if let Some(cluster) = &redis_cluster {
+            cluster.leave().await;
+        }
+    };
+    // The file's resources seed an empty catalog; a stored catalog is never replaced by
+    // the file (that would roll back the admin API's changes). Wait for Redis if it is
+    // not up yet.
+    let file = config.channels();
+    let snapshot = loop {
+        match seed(&catalog, &file).await {
+            Ok(snapshot) => break snapshot,
+            Err(StartError::Store(e)) => {
+                tracing::warn!(error = %e, "waiting for the cluster store to hold the configuration");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    _ = stop.wait_for(|s| *s) => {
+                        leave().await;
+                        return Ok(());
                     }
                 }
+            }
+            Err(e) => {
+                leave().await;
+                return Err(e);
+            }
+        }
+    };
+    let plan = match logs
+        .for_channels(&snapshot.channels)
+        .and_then(|l| build_plan(&config, &snapshot.channels, snapshot.version, l))
+    {
+        Ok(plan) => Arc::new(plan),
+        Err(e) => {
+            leave().await;
+            return Err(e);
+        }
+    };
+    let worker = Worker::start(
+        cluster.clone(),
+        positions.clone(),
+        plan.clone(),
+        worker_options(&config),
+    );
+    let state = Arc::new(IngressState::new(
+        plan.logs.clone(),
+        config.limits.clone(),
+        cluster,
+    ));
+    state.set_positions(positions.clone());
+    state.set_limiter(limiter);
+    state.set_plan(&plan);
+    state.set_schemas(
+        crate::ingress::schema::load(&config.schemas, &config.base_dir)
+            .map_err(StartError::Config)?,
+    );
+    state.set_webhooks(Webhooks::build(&config.webhooks, dedup).map_err(StartError::Config)?);
+    let admin = crate::api::AdminAuth::from_config(
+        &config.admin,
+        config.cluster.strategy.name(),
+        config.delivery.batch_size,
+    )
+    .map_err(StartError::Config)?;
+    state.set_admin(catalog.clone(), admin);
+    if let Logs::Redis(redis) = &logs {
+        *state.replays.write().unwrap_or_else(|p| p.into_inner()) =
+            Arc::new(crate::replay::RedisReplays::new(redis.clone()));
+    }
+    tokio::spawn(crate::scaling::sample(state.clone(), stop.clone()));
+    let logs = Arc::new(logs);
+    tokio::spawn(follow_catalog(
+        config.clone(),
+        catalog,
+        logs.clone(),
+        snapshot.version,
+        state.clone(),
+        worker.plan_sender(),
+        stop.clone(),
+    ));
+    announce(&config, &listener, &data_path, &id, &snapshot);
+    let drain = drain(stop.clone(), state.clone(), config.limits.shutdown_delay);
+    match admin_listener {
+        Some(admin_listener) => {
+            tracing::info!(admin_listen = %admin_listener.local_addr().map_or_else(|_| "?".to_string(), |a| a.to_string()), "the admin API listens on its own address");
+            let admin_drain = {
+                let mut stop = stop.clone();
+                async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                }
             };
-            let shared: Arc<dyn Cluster> = cluster.clone();
-            let worker = Worker::start(
-                shared.clone(),
-                positions.clone(),
-                plan.clone(),
-                worker_options(&config),
+            tokio::join!(
+                crate::server::serve(
+                    listener,
+                    ingress::router(state.clone(), false),
+                    &config.limits,
+                    drain
+                ),
+                crate::server::serve(
+                    admin_listener,
+                    crate::api::admin_router(state.clone()),
+                    &config.limits,
+                    admin_drain
+                ),
             );
-            let state = Arc::new(IngressState::new(
-                plan.logs.clone(),
-                config.limits.clone(),
-                shared,
-            ));
-            state.set_connectors(plan.connectors());
-            state.set_positions(positions.clone());
-            tokio::spawn(crate::scaling::sample(state.clone(), stop.clone()));
-            state.set_limiter(Arc::new(crate::ingress::ratelimit::RedisLimiter::new(
-                redis.clone(),
-            )));
-            state.set_bus_dedup(plan.dedup.clone());
-            state.set_bus_auth(plan.auth.clone());
-            state.set_bus_rate_limits(plan.rate_limits.clone());
-            state.set_schemas(
-                crate::ingress::schema::load(&config.schemas, &config.base_dir)
-                    .map_err(StartError::Config)?,
-            );
-            state.set_webhooks(
-                Webhooks::build(&config.webhooks, Arc::new(RedisDedup::new(redis.clone())))
-                    .map_err(StartError::Config)?,
-            );
-            tokio::spawn(follow_config(
-                config.clone(),
-                cluster.clone(),
-                redis.clone(),
-                version,
-                state.clone(),
-                worker.plan_sender(),
-                stop.clone(),
-            ));
-            announce(&config, &listener, data.path(), &id);
-            let drain = drain(stop.clone(), state.clone(), config.limits.shutdown_delay);
-            crate::server::serve(listener, ingress::router(state), &config.limits, drain).await;
-            tracing::info!("ingress stopped; finishing deliveries");
-            worker.shutdown().await;
+        }
+        None => {
+            crate::server::serve(
+                listener,
+                ingress::router(state, true),
+                &config.limits,
+                drain,
+            )
+            .await;
         }
     }
+    tracing::info!("ingress stopped; finishing deliveries");
+    worker.shutdown().await;
+    logs.close().await;
     tracing::info!("shutdown complete");
     Ok(())
+}
+
+/// Seeds an empty catalog with the file's resources and returns the catalog to run.
+async fn seed(catalog: &Catalog, file: &Channels) -> Result<Snapshot, StartError> {
+    match catalog.seed(file).await {
+        Ok((version, differs)) => {
+            if differs {
+                tracing::warn!(
+                    version,
+                    "the configuration file's buses, rules or sources differ from the catalog's; \
+                     running the catalog (the admin API's changes are kept). \
+                     To apply the file: sluice ctl apply -f FILE"
+                );
+            } else {
+                tracing::info!(version, "catalog loaded");
+            }
+            Ok(catalog.snapshot().await?)
+        }
+        Err(ChangeError::Store(e)) => Err(StartError::Store(e)),
+        Err(e) => Err(StartError::Config(format!(
+            "the configuration's resources: {e}"
+        ))),
+    }
 }
 
 /// Standalone webhook dedup records, kept in the data directory across restarts.
@@ -227,15 +353,22 @@ fn standalone_dedup(data_dir: &Path) -> Result<Arc<dyn Dedup>, StoreError> {
         .map_err(|e| StoreError::io("cannot open webhook-dedup.jsonl", &e))
 }
 
-fn announce(config: &Config, listener: &tokio::net::TcpListener, data_dir: &Path, id: &str) {
+fn announce(
+    config: &Config,
+    listener: &tokio::net::TcpListener,
+    data_dir: &Path,
+    id: &str,
+    catalog: &Snapshot,
+) {
     tracing::info!(
         listen = %listener.local_addr().map_or(config.listen, |a| a),
         data_dir = %data_dir.display(),
         mode = ?config.mode,
         worker = id,
         durability = %config.durability,
-        buses = config.buses.len(),
-        rules = config.rules.len(),
+        catalog = catalog.version,
+        buses = catalog.channels.buses.len(),
+        rules = catalog.channels.rules.len(),
         "sluice is ready"
     );
 }
@@ -348,7 +481,15 @@ fn build_plan(
         let rules = rules_by_bus.remove(name.as_str()).unwrap_or_default();
         buses.insert(
             name.clone(),
-            Arc::new(BusPlan::new(name, log.clone(), rules)),
+            Arc::new(
+                BusPlan::new(name, log.clone(), rules).with_retention(
+                    channels
+                        .buses
+                        .iter()
+                        .find(|b| b.name.get_ref() == name)
+                        .and_then(|b| b.retention),
+                ),
+            ),
         );
     }
     let mut sources = Vec::new();
@@ -392,95 +533,77 @@ fn build_plan(
     })
 }
 
-/// Reads the cluster's configuration (after publishing ours when `publish`) and builds its
-/// plan. `Ok(None)` when there is none stored yet.
-async fn sync_config(
-    config: &Config,
-    cluster: &RedisCluster,
-    redis: &Redis,
-    publish: bool,
-) -> Result<Option<(u64, Arc<Plan>)>, StartError> {
-    if publish {
-        let ours = config.channels();
-        if let Some((_, stored)) = cluster.load_config().await? {
-            let stored = Channels::from_toml(&stored).map_err(StartError::Config)?;
-            for bus in &ours.buses {
-                if let Some(old) = stored
-                    .buses
-                    .iter()
-                    .find(|b| b.name.get_ref() == bus.name.get_ref())
-                {
-                    if old.shards != bus.shards {
-                        return Err(StartError::Config(format!(
-                            "bus `{}` has {} shards in the cluster and {} in this configuration; \
-                             changing the shard count of a bus is not supported",
-                            bus.name.get_ref(),
-                            old.shards,
-                            bus.shards
-                        )));
-                    }
-                }
-            }
-        }
-        let text = ours.to_toml().map_err(StartError::Config)?;
-        let version = cluster.apply_config(&text).await?;
-        tracing::info!(version, "configuration published to the cluster");
-    }
-    let Some((version, text)) = cluster.load_config().await? else {
-        return Ok(None);
-    };
-    let channels = Channels::from_toml(&text).map_err(StartError::Config)?;
-    let mut logs: HashMap<String, Arc<dyn BusLog>> = HashMap::new();
-    for bus in &channels.buses {
-        logs.insert(
-            bus.name.get_ref().clone(),
-            Arc::new(RedisLog::new(redis.clone(), bus.name.get_ref(), bus.shards)),
-        );
-    }
-    let plan = build_plan(config, &channels, version, logs)?;
-    Ok(Some((version, Arc::new(plan))))
-}
-
-/// Full resync whenever the cluster's configuration version moves past ours (on every
-/// notice and on the rebalance tick, since notices can be lost).
-#[allow(clippy::too_many_arguments)]
-async fn follow_config(
+/// Follows the catalog: whenever its version moves past ours (on every notice and on the
+/// rebalance tick, since notices can be lost), rebuilds the plan and hands it to the
+/// worker, which restarts only what changed.
+async fn follow_catalog(
     config: Config,
-    cluster: Arc<RedisCluster>,
-    redis: Redis,
+    catalog: Catalog,
+    logs: Arc<Logs>,
     mut version: u64,
     ingress: Arc<IngressState>,
     plans: Arc<watch::Sender<Arc<Plan>>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut notices = cluster.notices();
+    let mut notices = catalog.changes();
     let mut tick = tokio::time::interval(config.cluster.rebalance_interval);
+    let mut failed_at = 0;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = notices.changed() => {}
             _ = stop.changed() => return,
         }
-        let current = match cluster.config_version().await {
+        let current = match catalog.version().await {
             Ok(v) => v,
             Err(_) => continue,
         };
-        if current <= version {
+        if current <= version || current == failed_at {
             continue;
         }
-        match sync_config(&config, &cluster, &redis, false).await {
-            Ok(Some((v, plan))) => {
-                tracing::info!(from = version, to = v, "configuration changed; resynced");
-                version = v;
-                ingress.set_buses(plan.logs.clone());
-                ingress.set_connectors(plan.connectors());
-                ingress.set_bus_dedup(plan.dedup.clone());
-                ingress.set_bus_auth(plan.auth.clone());
-                ingress.set_bus_rate_limits(plan.rate_limits.clone());
+        let built = match catalog.snapshot().await {
+            Ok(snapshot) => logs
+                .for_channels(&snapshot.channels)
+                .and_then(|l| build_plan(&config, &snapshot.channels, snapshot.version, l)),
+            Err(e) => Err(StartError::Store(e)),
+        };
+        match built {
+            Ok(plan) => {
+                tracing::info!(
+                    from = version,
+                    to = plan.version,
+                    "catalog changed; applied"
+                );
+                version = plan.version;
+                // What the change removed leaves no status, pause or restart entry behind.
+                let before = ingress.connectors();
+                let after = plan.connectors();
+                let gone: Vec<String> = before
+                    .iter()
+                    .filter(|(id, _)| !after.contains_key(*id))
+                    .flat_map(|(id, tasks)| {
+                        std::iter::once(id.clone())
+                            .chain((0..*tasks).map(|t| crate::runtime::cluster::task_id(id, t)))
+                    })
+                    .collect();
+                let plan = Arc::new(plan);
+                ingress.set_plan(&plan);
                 plans.send_replace(plan);
+                if !gone.is_empty() {
+                    // After the worker has the new plan: its lanes report no more.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    if let Err(e) = ingress.cluster.forget(&gone).await {
+                        tracing::warn!(error = %e, "cannot remove the statuses of deleted connectors");
+                    }
+                }
             }
-            Ok(None) => {}
-            Err(e) => tracing::error!(error = %e, "cannot apply the cluster's new configuration"),
+            Err(StartError::Store(e)) => {
+                tracing::warn!(error = %e, "cannot read the catalog; retrying");
+            }
+            Err(e) => {
+                failed_at = current;
+                tracing::error!(version = current, error = %e, "cannot run the catalog's new version; keeping the previous one");
+            }
         }
     }
 }

@@ -8,11 +8,14 @@
 #![recursion_limit = "512"]
 
 pub mod admin;
+pub mod api;
 pub mod app;
+pub mod catalog;
 pub mod config;
 pub mod ingress;
 pub mod metrics;
 pub mod problem;
+pub mod replay;
 pub mod rules;
 pub mod runtime;
 pub mod scaling;

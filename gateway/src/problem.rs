@@ -185,6 +185,43 @@ impl Problem {
         )
     }
 
+    /// A resource of the admin API that does not pass the checks: `pointer` is the field at
+    /// fault inside it, as a JSON pointer (RFC 6901; empty for the whole body).
+    pub fn invalid_resource(pointer: &str, detail: impl Into<String>) -> Self {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-resource",
+            "Invalid resource",
+            detail,
+        )
+        .with_field(pointer)
+        .with_extra("pointer", Value::String(pointer.to_string()))
+    }
+
+    /// Any client error, for refusals that come with a status and a text only.
+    pub fn client_error(status: StatusCode, detail: impl Into<String>) -> Self {
+        Problem::new(
+            status,
+            "bad-request",
+            status.canonical_reason().unwrap_or("Client Error"),
+            detail,
+        )
+    }
+
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Problem::new(StatusCode::CONFLICT, "conflict", "Conflict", detail)
+    }
+
+    pub fn precondition_failed(detail: impl Into<String>) -> Self {
+        Problem::new(
+            StatusCode::PRECONDITION_FAILED,
+            "precondition-failed",
+            "Precondition Failed",
+            detail,
+        )
+        .with_field("if-match")
+    }
+
     pub fn with_field(mut self, field: impl Into<String>) -> Self {
         self.field = Some(field.into());
         self

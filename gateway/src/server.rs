@@ -41,7 +41,7 @@ pub async fn serve(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let (stream, _) = match accepted {
+                let (stream, peer) = match accepted {
                     Ok(conn) => conn,
                     Err(e) => {
                         // Out of file descriptors and the like: back off instead of spinning.
@@ -51,7 +51,15 @@ pub async fn serve(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let service = TowerToHyperService::new(router.clone());
+                // The peer's address, for handlers that need it (the admin API's loopback rule).
+                let service = TowerToHyperService::new(
+                    tower::ServiceBuilder::new()
+                        .map_request(move |mut request: http::Request<hyper::body::Incoming>| {
+                            request.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+                            request
+                        })
+                        .service(router.clone()),
+                );
                 let builder = builder.clone();
                 let watcher = graceful.watcher();
                 let idle = limits.idle_timeout;

@@ -54,6 +54,13 @@ pub struct IngressState {
     /// Read (never written) by the scaling signal.
     positions: RwLock<Option<Arc<dyn crate::store::PositionStore>>>,
     pub scaling: crate::scaling::History,
+    /// The running plan (what the admin API reports on).
+    plan: RwLock<Option<Arc<crate::runtime::Plan>>>,
+    /// The catalog and the admin API's credentials.
+    admin: RwLock<Option<(crate::catalog::Catalog, Arc<crate::api::AdminAuth>)>>,
+    /// Where replay statuses are kept, and the cancel switch of each replay running here.
+    pub replays: RwLock<Arc<dyn crate::replay::ReplayStore>>,
+    pub replay_cancels: std::sync::Mutex<HashMap<String, tokio::sync::watch::Sender<bool>>>,
 }
 
 impl IngressState {
@@ -76,7 +83,35 @@ impl IngressState {
             draining: std::sync::atomic::AtomicBool::new(false),
             positions: RwLock::new(None),
             scaling: crate::scaling::History::default(),
+            plan: RwLock::new(None),
+            admin: RwLock::new(None),
+            replays: RwLock::new(Arc::new(crate::replay::LocalReplays::default())),
+            replay_cancels: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Takes a new plan: its buses, connectors and the buses' ingress settings.
+    pub fn set_plan(&self, plan: &Arc<crate::runtime::Plan>) {
+        self.set_buses(plan.logs.clone());
+        self.set_connectors(plan.connectors());
+        self.set_bus_dedup(plan.dedup.clone());
+        self.set_bus_auth(plan.auth.clone());
+        self.set_bus_rate_limits(plan.rate_limits.clone());
+        *self.plan.write().unwrap_or_else(|p| p.into_inner()) = Some(plan.clone());
+    }
+
+    /// The running plan.
+    pub fn plan(&self) -> Option<Arc<crate::runtime::Plan>> {
+        self.plan.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn set_admin(&self, catalog: crate::catalog::Catalog, auth: crate::api::AdminAuth) {
+        *self.admin.write().unwrap_or_else(|p| p.into_inner()) = Some((catalog, Arc::new(auth)));
+    }
+
+    /// The catalog and the admin credentials (set once the gateway runs).
+    pub fn admin(&self) -> Option<(crate::catalog::Catalog, Arc<crate::api::AdminAuth>)> {
+        self.admin.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Shutdown started: `/readyz` answers 503 from now on.
@@ -198,15 +233,22 @@ impl IngressState {
 /// The probes sit outside the load shedder and the concurrency limit: under load the
 /// orchestrator must still hear that the process is alive (and ready), or it kills healthy
 /// replicas exactly when they are busiest. They are cheap and never wait on the store.
-pub fn router(state: Arc<IngressState>) -> Router {
+///
+/// `with_admin`: the admin API is served here too (it is not when `admin.listen` gives it
+/// an address of its own).
+pub fn router(state: Arc<IngressState>, with_admin: bool) -> Router {
     let probes = Router::new()
         .route("/healthz", get(live).fallback(get_only))
         .route("/readyz", get(ready).fallback(get_only))
         .route("/metrics", get(metrics).fallback(get_only))
         .with_state(state.clone());
-    probes
-        .merge(limited(state.clone()))
-        .layer(middleware::from_fn_with_state(state, close_when_draining))
+    let router = probes.merge(limited(state.clone()));
+    let router = if with_admin {
+        router.merge(crate::api::routes(state.clone()))
+    } else {
+        router
+    };
+    router.layer(middleware::from_fn_with_state(state, close_when_draining))
 }
 
 /// While draining, every answer says `Connection: close`: clients open their next request
@@ -239,7 +281,6 @@ fn limited(state: Arc<IngressState>) -> Router {
                     Problem::method_not_allowed(m.as_str(), "POST, OPTIONS")
                 }),
         )
-        .merge(crate::admin::routes())
         .merge(crate::webhooks::routes())
         .fallback(|uri: Uri| async move { Problem::not_found(uri.path()) })
         .with_state(state)
@@ -802,7 +843,7 @@ mod tests {
     }
 
     async fn send(state: &Arc<IngressState>, request: Request<Body>) -> (u16, serde_json::Value) {
-        let response = router(state.clone()).oneshot(request).await.unwrap();
+        let response = router(state.clone(), true).oneshot(request).await.unwrap();
         let status = response.status().as_u16();
         let problem = response
             .headers()

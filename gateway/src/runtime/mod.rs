@@ -43,7 +43,7 @@ use tokio::task::JoinHandle;
 use crate::config::DeliveryConfig;
 use crate::rules::Filter;
 use crate::sources::{Source, SourceTask};
-use crate::store::{BusLog, PositionStore};
+use crate::store::{BusLog, PositionStore, Seq};
 use crate::targets::Target;
 use cluster::{mono_ms, task_id, Cluster, Control, Lease, State};
 use rebalance::{stable_hash, Strategy};
@@ -88,6 +88,9 @@ pub struct BusPlan {
     needs_decode: bool,
     /// Changes whenever anything the shard tasks run changes.
     pub digest: u64,
+    /// How long events are kept after acceptance even once every subscription passed
+    /// them (for replays).
+    pub retention: Option<Duration>,
 }
 
 impl BusPlan {
@@ -134,7 +137,14 @@ impl BusPlan {
             index: builder.build(),
             needs_decode,
             digest: stable_hash(&digest),
+            retention: None,
         }
+    }
+
+    /// Keeps events `retention` after acceptance (see `retention`).
+    pub fn with_retention(mut self, retention: Option<Duration>) -> BusPlan {
+        self.retention = retention.filter(|r| !r.is_zero());
+        self
     }
 
     /// The subscriptions (positions in `subscriptions`) that take the event; `None` for an
@@ -277,6 +287,7 @@ impl Worker {
             leases,
             lost,
             reported: HashMap::new(),
+            retained_from: HashMap::new(),
         };
         Worker {
             stop,
@@ -390,6 +401,8 @@ struct WorkerLoop {
     lost: mpsc::UnboundedReceiver<String>,
     /// The last state reported for each source connector, so status is written on change.
     reported: HashMap<String, State>,
+    /// Per bus shard with a retention: where the retained records start (the last release).
+    retained_from: HashMap<(String, u32), Seq>,
 }
 
 impl WorkerLoop {
@@ -675,9 +688,32 @@ impl WorkerLoop {
             let TaskKind::Shard { bus, shard } = &r.kind else {
                 continue;
             };
-            let Some(min) = self.positions.committed_min(&bus.name, *shard) else {
+            let Some(mut min) = self.positions.committed_min(&bus.name, *shard) else {
                 continue;
             };
+            // A bus with a retention keeps what was accepted within it (read from the
+            // current plan, so a change of retention applies without a restart).
+            let retention = self
+                .plan
+                .borrow()
+                .buses
+                .get(&bus.name)
+                .and_then(|b| b.retention);
+            if let Some(retention) = retention {
+                let cutoff = crate::store::now_ms().saturating_sub(retention.as_millis() as u64);
+                let key = (bus.name.clone(), *shard);
+                let lo = self.retained_from.get(&key).copied().unwrap_or(0).min(min);
+                match crate::replay::first_after(bus.log.as_ref(), *shard, lo, min, cutoff).await {
+                    Ok(boundary) => {
+                        min = boundary;
+                        self.retained_from.insert(key, boundary);
+                    }
+                    Err(e) => {
+                        tracing::debug!(bus = %bus.name, shard, error = %e, "cannot find the retention boundary");
+                        continue;
+                    }
+                }
+            }
             if let Err(e) = bus.log.release(*shard, min).await {
                 tracing::warn!(bus = %bus.name, shard, error = %e, "releasing passed records failed");
             }

@@ -573,6 +573,13 @@ impl Webhooks {
         }
     }
 
+    /// Each webhook source's (name, bus).
+    pub fn buses(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.by_name
+            .values()
+            .map(|h| (h.name.as_str(), h.bus.as_str()))
+    }
+
     /// The dedup store (shared with buses that deduplicate CloudEvents).
     pub fn dedup(&self) -> Arc<dyn Dedup> {
         self.dedup.clone()

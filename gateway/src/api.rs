@@ -1,0 +1,1751 @@
+//! The admin API, `/api/v1`: buses, rules and sources as resources of the catalog
+//! (create, read, replace, delete, with optimistic concurrency), connectors and tasks
+//! (status, lag, positions, pause, resume, restart), the cluster (workers, assignment,
+//! strategy), rule tests, and the OpenAPI description of all of it.
+//!
+//! Resources use the configuration file's field names, as JSON. Each has a `version` (the
+//! catalog version at which it last changed) and answers with it as its `ETag`; a write
+//! with `If-Match` naming an older version is refused with 412, so of two concurrent
+//! writers exactly one wins. Every change is checked by the configuration loader's own
+//! checks; a refusal is problem+json naming the field by JSON pointer.
+//!
+//! Credentials: a bearer token whose SHA-256 is in `admin.tokens` (or the token in
+//! `SLUICE_ADMIN_TOKEN`). With none configured the admin API answers only clients on
+//! loopback. `/api/v1/openapi.json` and `/api/v1/scaling` (read by autoscalers) are open,
+//! like `/metrics`.
+
+// Handlers return `Result<_, Problem>` and answer with the problem as is: one per admin
+// request, off every hot path, so it is not boxed.
+#![allow(clippy::result_large_err)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::catalog::{self, Catalog, ChangeError, Snapshot};
+use crate::config::{AdminConfig, BusConfig, Channels, Kind, RuleConfig};
+use crate::ingress::IngressState;
+use crate::problem::Problem;
+use crate::runtime::cluster::task_id;
+use crate::sources::SourceConfig;
+
+/// The OpenAPI description of `/api/v1`, kept in `schemas/` and checked against the
+/// routes by the tests.
+pub const OPENAPI: &str = include_str!("../../schemas/openapi.json");
+
+/// The largest admin request body.
+const MAX_BODY: usize = 1024 * 1024;
+
+/// Who may use the admin API.
+#[derive(Debug, Default)]
+pub struct AdminAuth {
+    /// SHA-256 of each accepted token.
+    hashes: Vec<[u8; 32]>,
+    /// The cluster's assignment strategy, reported by `/api/v1/cluster`.
+    pub strategy: String,
+    /// Events per delivery of a replay (`delivery.batch_size`).
+    pub replay_batch: usize,
+}
+
+impl AdminAuth {
+    /// From `[admin]` and `SLUICE_ADMIN_TOKEN`.
+    pub fn from_config(
+        config: &AdminConfig,
+        strategy: &str,
+        replay_batch: usize,
+    ) -> Result<AdminAuth, String> {
+        let mut hashes = Vec::new();
+        for (i, token) in config.tokens.iter().enumerate() {
+            hashes.push(parse_hash(token).map_err(|m| format!("admin.tokens[{i}]: {m}"))?);
+        }
+        if let Ok(token) = std::env::var("SLUICE_ADMIN_TOKEN") {
+            if !token.is_empty() {
+                hashes.push(Sha256::digest(token.as_bytes()).into());
+            }
+        }
+        if hashes.is_empty() {
+            tracing::warn!(
+                "the admin API has no token (admin.tokens or SLUICE_ADMIN_TOKEN): it answers only clients on loopback"
+            );
+        } else {
+            tracing::info!(
+                tokens = hashes.len(),
+                "the admin API requires a bearer token"
+            );
+        }
+        Ok(AdminAuth {
+            hashes,
+            strategy: strategy.to_string(),
+            replay_batch,
+        })
+    }
+
+    fn accepts(&self, token: &str) -> bool {
+        let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let mut ok = subtle::Choice::from(0);
+        for known in &self.hashes {
+            ok |= subtle::ConstantTimeEq::ct_eq(&hash[..], &known[..]);
+        }
+        ok.into()
+    }
+}
+
+/// `sha256:<64 hex digits>` or the hex digits alone.
+pub fn parse_hash(text: &str) -> Result<[u8; 32], String> {
+    let hex = text.strip_prefix("sha256:").unwrap_or(text).trim();
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(
+            "must be the SHA-256 of the token as 64 hex digits (`sluice ctl hash-token` prints it)"
+                .to_string(),
+        );
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[i * 2..i * 2 + 2], 16).map_err(|e| e.to_string())?;
+    }
+    Ok(out)
+}
+
+/// The SHA-256 of a token, as `admin.tokens` takes it.
+pub fn hash_token(token: &str) -> String {
+    let digest = Sha256::digest(token.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// The routes of `/api/v1` (and the older `/admin/*` aliases), with their credentials.
+pub fn routes(state: Arc<IngressState>) -> Router {
+    let open = Router::new()
+        .route("/api/v1/openapi.json", get(openapi))
+        .route("/api/v1/scaling", get(crate::scaling::handler))
+        .with_state(state.clone());
+    let guarded = Router::new()
+        .route("/api/v1/catalog", get(get_catalog))
+        .route("/api/v1/catalog/apply", post(apply))
+        .route("/api/v1/buses", get(list_buses))
+        .route(
+            "/api/v1/buses/{bus}",
+            get(get_bus).put(put_bus).delete(delete_bus),
+        )
+        .route("/api/v1/buses/{bus}/rules", get(list_rules))
+        .route(
+            "/api/v1/buses/{bus}/rules/{rule}",
+            get(get_rule).put(put_rule).delete(delete_rule),
+        )
+        .route("/api/v1/sources", get(list_sources))
+        .route(
+            "/api/v1/sources/{source}",
+            get(get_source).put(put_source).delete(delete_source),
+        )
+        .route("/api/v1/sources/{source}/{action}", post(source_action))
+        .route(
+            "/api/v1/sources/{source}/tasks/{index}/{action}",
+            post(source_task_action),
+        )
+        .route("/api/v1/connectors", get(list_connectors))
+        .route(
+            "/api/v1/connectors/{bus}/{rule}/{target}",
+            get(get_connector),
+        )
+        .route(
+            "/api/v1/connectors/{bus}/{rule}/{target}/{action}",
+            post(connector_action),
+        )
+        .route(
+            "/api/v1/connectors/{bus}/{rule}/{target}/tasks/{shard}/{action}",
+            post(task_action),
+        )
+        .route("/api/v1/cluster", get(cluster))
+        .route(
+            "/api/v1/buses/{bus}/replays",
+            get(list_replays).post(start_replay),
+        )
+        .route(
+            "/api/v1/buses/{bus}/replays/{replay}",
+            get(get_replay).delete(cancel_replay),
+        )
+        .route("/api/v1/rules/test", post(test_rule))
+        .merge(crate::admin::routes())
+        .with_state(state.clone())
+        .layer(middleware::from_fn_with_state(state, authorize))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn(problem_rejections));
+    open.merge(guarded)
+}
+
+/// The admin API alone, for `admin.listen`.
+pub fn admin_router(state: Arc<IngressState>) -> Router {
+    routes(state).fallback(|uri: axum::http::Uri| async move { Problem::not_found(uri.path()) })
+}
+
+async fn authorize(
+    State(state): State<Arc<IngressState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some((_, auth)) = state.admin() else {
+        return Problem::unavailable("the gateway is starting", 1).into_response();
+    };
+    let token = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    if auth.hashes.is_empty() {
+        let peer = request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0);
+        if peer.is_some_and(|p| p.ip().is_loopback()) {
+            return next.run(request).await;
+        }
+        return Problem::forbidden(
+            "admin.tokens",
+            "the admin API has no token configured (admin.tokens or SLUICE_ADMIN_TOKEN), so it answers only clients on loopback",
+        )
+        .into_response();
+    }
+    match token {
+        Some(token) if auth.accepts(token) => next.run(request).await,
+        Some(_) => with_challenge(Problem::unauthorized(
+            "authorization",
+            "the bearer token is not one the admin API accepts",
+        )),
+        None => with_challenge(Problem::unauthorized(
+            "authorization",
+            "the admin API needs `Authorization: Bearer <token>`",
+        )),
+    }
+}
+
+fn with_challenge(problem: Problem) -> Response {
+    let mut response = problem.into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"sluice-admin\""),
+    );
+    response
+}
+
+/// Axum's own refusals (a body over the limit, a path parameter that is not a number) are
+/// plain text: made problem+json like every other error of the API.
+async fn problem_rejections(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+    if !status.is_client_error() || is_problem {
+        return response;
+    }
+    let bytes = axum::body::to_bytes(response.into_body(), 64 * 1024)
+        .await
+        .unwrap_or_default();
+    Problem::client_error(status, String::from_utf8_lossy(&bytes).trim().to_string())
+        .into_response()
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+fn catalog_of(state: &IngressState) -> Result<Catalog, Problem> {
+    state
+        .admin()
+        .map(|(c, _)| c)
+        .ok_or_else(|| Problem::unavailable("the gateway is starting", 1))
+}
+
+fn store_problem(e: &crate::store::StoreError) -> Problem {
+    Problem::unavailable(format!("the catalog cannot be read or written: {e}"), 2)
+}
+
+// ---------------------------------------------------------------------------------------
+// Resources
+
+/// A resource as the API shows it: its fields and its version.
+fn view(resource: &impl serde::Serialize, version: u64) -> Value {
+    let mut value = serde_json::to_value(resource).unwrap_or(Value::Null);
+    if let Value::Object(map) = &mut value {
+        map.insert("version".to_string(), json!(version));
+    }
+    value
+}
+
+fn etag(version: u64) -> HeaderValue {
+    HeaderValue::from_str(&format!("\"{version}\"")).unwrap_or(HeaderValue::from_static("\"0\""))
+}
+
+fn found(value: Value, version: u64) -> Response {
+    ([(header::ETAG, etag(version))], Json(value)).into_response()
+}
+
+fn bus_view(snapshot: &Snapshot, bus: &BusConfig) -> Value {
+    view(
+        bus,
+        snapshot.version_of(&catalog::bus_key(bus.name.get_ref())),
+    )
+}
+
+fn rule_view(snapshot: &Snapshot, rule: &RuleConfig) -> Value {
+    view(
+        rule,
+        snapshot.version_of(&catalog::rule_key(rule.bus.get_ref(), rule.name.get_ref())),
+    )
+}
+
+fn source_view(snapshot: &Snapshot, source: &SourceConfig) -> Value {
+    view(
+        source,
+        snapshot.version_of(&catalog::source_key(source.name())),
+    )
+}
+
+async fn get_catalog(State(state): State<Arc<IngressState>>) -> Response {
+    let catalog = match catalog_of(&state) {
+        Ok(c) => c,
+        Err(p) => return p.into_response(),
+    };
+    match catalog.snapshot().await {
+        Ok(s) => Json(json!({
+            "version": s.version,
+            "buses": s.channels.buses.iter().map(|b| bus_view(&s, b)).collect::<Vec<_>>(),
+            "rules": s.channels.rules.iter().map(|r| rule_view(&s, r)).collect::<Vec<_>>(),
+            "sources": s.channels.sources.iter().map(|r| source_view(&s, r)).collect::<Vec<_>>(),
+        }))
+        .into_response(),
+        Err(e) => store_problem(&e).into_response(),
+    }
+}
+
+async fn list_buses(State(state): State<Arc<IngressState>>) -> Response {
+    list(&state, |s| {
+        s.channels.buses.iter().map(|b| bus_view(s, b)).collect()
+    })
+    .await
+}
+
+async fn list_rules(State(state): State<Arc<IngressState>>, Path(bus): Path<String>) -> Response {
+    let catalog = match catalog_of(&state) {
+        Ok(c) => c,
+        Err(p) => return p.into_response(),
+    };
+    match catalog.snapshot().await {
+        Ok(s) if s.channels.buses.iter().any(|b| *b.name.get_ref() == bus) => {
+            let items: Vec<Value> = s
+                .channels
+                .rules
+                .iter()
+                .filter(|r| *r.bus.get_ref() == bus)
+                .map(|r| rule_view(&s, r))
+                .collect();
+            Json(json!({"version": s.version, "items": items})).into_response()
+        }
+        Ok(_) => no_bus(&bus).into_response(),
+        Err(e) => store_problem(&e).into_response(),
+    }
+}
+
+async fn list_sources(State(state): State<Arc<IngressState>>) -> Response {
+    list(&state, |s| {
+        s.channels
+            .sources
+            .iter()
+            .map(|r| source_view(s, r))
+            .collect()
+    })
+    .await
+}
+
+async fn list(state: &IngressState, items: impl Fn(&Snapshot) -> Vec<Value>) -> Response {
+    let catalog = match catalog_of(state) {
+        Ok(c) => c,
+        Err(p) => return p.into_response(),
+    };
+    match catalog.snapshot().await {
+        Ok(s) => Json(json!({"version": s.version, "items": items(&s)})).into_response(),
+        Err(e) => store_problem(&e).into_response(),
+    }
+}
+
+fn no_bus(bus: &str) -> Problem {
+    Problem::unknown(format!("no bus `{bus}`")).with_field("bus")
+}
+
+async fn get_bus(State(state): State<Arc<IngressState>>, Path(bus): Path<String>) -> Response {
+    get_one(&state, |s| {
+        s.channels
+            .buses
+            .iter()
+            .find(|b| *b.name.get_ref() == bus)
+            .map(|b| (bus_view(s, b), s.version_of(&catalog::bus_key(&bus))))
+            .ok_or_else(|| no_bus(&bus))
+    })
+    .await
+}
+
+async fn get_rule(
+    State(state): State<Arc<IngressState>>,
+    Path((bus, rule)): Path<(String, String)>,
+) -> Response {
+    get_one(&state, |s| {
+        if !s.channels.buses.iter().any(|b| *b.name.get_ref() == bus) {
+            return Err(no_bus(&bus));
+        }
+        s.channels
+            .rules
+            .iter()
+            .find(|r| *r.bus.get_ref() == bus && *r.name.get_ref() == rule)
+            .map(|r| {
+                (
+                    rule_view(s, r),
+                    s.version_of(&catalog::rule_key(&bus, &rule)),
+                )
+            })
+            .ok_or_else(|| {
+                Problem::unknown(format!("no rule `{rule}` on bus `{bus}`")).with_field("rule")
+            })
+    })
+    .await
+}
+
+async fn get_source(State(state): State<Arc<IngressState>>, Path(name): Path<String>) -> Response {
+    get_one(&state, |s| {
+        s.channels
+            .sources
+            .iter()
+            .find(|r| r.name() == name)
+            .map(|r| (source_view(s, r), s.version_of(&catalog::source_key(&name))))
+            .ok_or_else(|| Problem::unknown(format!("no source `{name}`")).with_field("source"))
+    })
+    .await
+}
+
+async fn get_one(
+    state: &IngressState,
+    find: impl Fn(&Snapshot) -> Result<(Value, u64), Problem>,
+) -> Response {
+    let catalog = match catalog_of(state) {
+        Ok(c) => c,
+        Err(p) => return p.into_response(),
+    };
+    match catalog.snapshot().await {
+        Ok(s) => match find(&s) {
+            Ok((value, version)) => found(value, version),
+            Err(p) => p.into_response(),
+        },
+        Err(e) => store_problem(&e).into_response(),
+    }
+}
+
+/// The preconditions of a write: `If-Match` (a version, or `*`) and `If-None-Match: *`.
+struct Preconditions {
+    if_match: Option<Vec<String>>,
+    if_none_match: bool,
+}
+
+impl Preconditions {
+    fn from(headers: &HeaderMap) -> Preconditions {
+        let list = |name: header::HeaderName| {
+            headers.get(name).and_then(|v| v.to_str().ok()).map(|v| {
+                v.split(',')
+                    .map(|t| {
+                        t.trim()
+                            .trim_start_matches("W/")
+                            .trim_matches('"')
+                            .to_string()
+                    })
+                    .collect::<Vec<_>>()
+            })
+        };
+        Preconditions {
+            if_match: list(header::IF_MATCH),
+            if_none_match: list(header::IF_NONE_MATCH).is_some_and(|l| l.iter().any(|t| t == "*")),
+        }
+    }
+
+    /// Checks them against the resource's current version (`None`: it does not exist).
+    fn check(&self, current: Option<u64>, what: &str) -> Result<(), Problem> {
+        if let Some(tags) = &self.if_match {
+            let ok = match current {
+                None => false,
+                Some(v) => tags.iter().any(|t| t == "*" || *t == v.to_string()),
+            };
+            if !ok {
+                return Err(Problem::precondition_failed(match current {
+                    Some(v) => format!("{what} is at version {v}, not the one If-Match names; read it again and retry"),
+                    None => format!("{what} does not exist, and If-Match names a version of it"),
+                }));
+            }
+        }
+        if self.if_none_match && current.is_some() {
+            return Err(Problem::precondition_failed(format!(
+                "{what} exists already (If-None-Match: *)"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A resource from a request body: JSON with the configuration file's field names, read by
+/// the configuration loader itself (the same TOML deserializer, defaults and checks).
+fn parse_resource<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    path_fields: &[(&str, &str)],
+) -> Result<T, Problem> {
+    let mut value: Value = serde_json::from_slice(body)
+        .map_err(|e| Problem::invalid_resource("", format!("the body is not JSON: {e}")))?;
+    let Value::Object(map) = &mut value else {
+        return Err(Problem::invalid_resource(
+            "",
+            "the body must be a JSON object",
+        ));
+    };
+    map.remove("version");
+    for (field, from_path) in path_fields {
+        match map.get(*field) {
+            None | Some(Value::Null) => {
+                map.insert((*field).to_string(), Value::String((*from_path).to_string()));
+            }
+            Some(Value::String(s)) if s == from_path => {}
+            Some(other) => {
+                return Err(Problem::invalid_resource(
+                    &format!("/{field}"),
+                    format!("`{field}` is {other} in the body and `{from_path}` in the URL; they must agree"),
+                ))
+            }
+        }
+    }
+    crate::config::from_json(&value)
+        .map_err(|(pointer, message)| Problem::invalid_resource(&pointer, message))
+}
+
+/// A refused change as problem+json: the field at fault, by JSON pointer, inside the
+/// resource the request is about; a problem elsewhere in the catalog (the change breaks
+/// another resource) is a conflict naming that one.
+fn change_problem(
+    e: ChangeError<Problem>,
+    kind: Kind,
+    key: &str,
+    after: Option<&Channels>,
+) -> Problem {
+    match e {
+        ChangeError::Rejected(p) => p,
+        ChangeError::Store(e) => store_problem(&e),
+        ChangeError::Contention => {
+            Problem::conflict("the catalog kept changing under this request; try again")
+        }
+        ChangeError::Invalid(invalid) => {
+            let at = after.and_then(|c| key_of(c, invalid.kind, invalid.index));
+            if invalid.kind == kind && at.as_deref() == Some(key) {
+                Problem::invalid_resource(&invalid.pointer, invalid.message)
+            } else {
+                Problem::conflict(format!(
+                    "the change would break {}: {}",
+                    at.unwrap_or_else(|| "another resource".to_string()),
+                    invalid.message
+                ))
+            }
+        }
+    }
+}
+
+fn key_of(channels: &Channels, kind: Kind, index: usize) -> Option<String> {
+    match kind {
+        Kind::Bus => channels
+            .buses
+            .get(index)
+            .map(|b| catalog::bus_key(b.name.get_ref())),
+        Kind::Rule => channels
+            .rules
+            .get(index)
+            .map(|r| catalog::rule_key(r.bus.get_ref(), r.name.get_ref())),
+        Kind::Source => channels
+            .sources
+            .get(index)
+            .map(|s| catalog::source_key(s.name())),
+    }
+}
+
+/// 201 with `Location` when created, 200 when replaced.
+fn written(created: bool, location: String, value: Value, version: u64) -> Response {
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let mut response = (status, [(header::ETAG, etag(version))], Json(value)).into_response();
+    if created {
+        if let Ok(v) = HeaderValue::from_str(&location) {
+            response.headers_mut().insert(header::LOCATION, v);
+        }
+    }
+    response
+}
+
+async fn put_bus(
+    State(state): State<Arc<IngressState>>,
+    Path(bus): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let catalog = match catalog_of(&state) {
+        Ok(c) => c,
+        Err(p) => return p.into_response(),
+    };
+    let resource: BusConfig = match parse_resource(&body, &[("name", &bus)]) {
+        Ok(r) => r,
+        Err(p) => return p.into_response(),
+    };
+    let pre = Preconditions::from(&headers);
+    let key = catalog::bus_key(&bus);
+    let mut attempted = None;
+    let result = catalog
+        .change(|s| {
+            let at = s
+                .channels
+                .buses
+                .iter()
+                .position(|b| *b.name.get_ref() == bus);
+            pre.check(at.map(|_| s.version_of(&key)), &format!("bus `{bus}`"))?;
+            let mut next = s.channels.clone();
+            match at {
+                Some(i) => next.buses[i] = resource.clone(),
+                None => next.buses.push(resource.clone()),
+            }
+            attempted = Some(next.clone());
+            Ok((Some(next), at.is_none()))
+        })
+        .await;
+    match result {
+        Ok(done) => {
+            let s = &done.snapshot;
+            let Some(b) = s.channels.buses.iter().find(|b| *b.name.get_ref() == bus) else {
+                return Problem::internal("the bus is not in the catalog after writing it")
+                    .into_response();
+            };
+            written(
+                done.value,
+                format!("/api/v1/buses/{bus}"),
+                bus_view(s, b),
+                s.version_of(&key),
+            )
+        }
+        Err(e) => change_problem(e, Kind::Bus, &key, attempted.as_ref()).into_response(),
+    }
+}
+
+async fn put_rule(
+    State(state): State<Arc<IngressState>>,
+    Path((bus, rule)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let catalog = match catalog_of(&state) {
+        Ok(c) => c,
+        Err(p) => return p.into_response(),
+    };
+    let resource: RuleConfig = match parse_resource(&body, &[("name", &rule), ("bus", &bus)]) {
+        Ok(r) => r,
+        Err(p) => return p.into_response(),
+    };
+    let pre = Preconditions::from(&headers);
+    let key = catalog::rule_key(&bus, &rule);
+    let mut attempted = None;
+    let result = catalog
+        .change(|s| {
+            if !s.channels.buses.iter().any(|b| *b.name.get_ref() == bus) {
+                return Err(no_bus(&bus));
+            }
+            let at = s
+                .channels
+                .rules
+                .iter()
+                .position(|r| *r.bus.get_ref() == bus && *r.name.get_ref() == rule);
+            pre.check(
+                at.map(|_| s.version_of(&key)),
+                &format!("rule `{rule}` on bus `{bus}`"),
+            )?;
+            let mut next = s.channels.clone();
+            match at {
+                Some(i) => next.rules[i] = resource.clone(),
+                None => next.rules.push(resource.clone()),
+            }
+            attempted = Some(next.clone());
+            Ok((Some(next), at.is_none()))
+        })
+        .await;
+    match result {
+        Ok(done) => {
+            let s = &done.snapshot;
+            let Some(r) = s
+                .channels
+                .rules
+                .iter()
+                .find(|r| *r.bus.get_ref() == bus && *r.name.get_ref() == rule)
+            else {
+                return Problem::internal("the rule is not in the catalog after writing it")
+                    .into_response();
+            };
+            written(
+                done.value,
+                format!("/api/v1/buses/{bus}/rules/{rule}"),
+                rule_view(s, r),
+                s.version_of(&key),
+            )
+        }
+        Err(e) => change_problem(e, Kind::Rule, &key, attempted.as_ref()).into_response(),
+    }
+}
+
+async fn put_source(
+    State(state): State<Arc<IngressState>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let catalog = match catalog_of(&state) {
+        Ok(c) => c,
+        Err(p) => return p.into_response(),
+    };
+    let resource: SourceConfig = match parse_resource(&body, &[("name", &name)]) {
+        Ok(r) => r,
+        Err(p) => return p.into_response(),
+    };
+    let pre = Preconditions::from(&headers);
+    let key = catalog::source_key(&name);
+    let mut attempted = None;
+    let result = catalog
+        .change(|s| {
+            let at = s.channels.sources.iter().position(|r| r.name() == name);
+            pre.check(at.map(|_| s.version_of(&key)), &format!("source `{name}`"))?;
+            let mut next = s.channels.clone();
+            match at {
+                Some(i) => next.sources[i] = resource.clone(),
+                None => next.sources.push(resource.clone()),
+            }
+            attempted = Some(next.clone());
+            Ok((Some(next), at.is_none()))
+        })
+        .await;
+    match result {
+        Ok(done) => {
+            let s = &done.snapshot;
+            let Some(r) = s.channels.sources.iter().find(|r| r.name() == name) else {
+                return Problem::internal("the source is not in the catalog after writing it")
+                    .into_response();
+            };
+            written(
+                done.value,
+                format!("/api/v1/sources/{name}"),
+                source_view(s, r),
+                s.version_of(&key),
+            )
+        }
+        Err(e) => change_problem(e, Kind::Source, &key, attempted.as_ref()).into_response(),
+    }
+}
+
+async fn delete_bus(
+    State(state): State<Arc<IngressState>>,
+    Path(bus): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let catalog = match catalog_of(&state) {
+        Ok(c) => c,
+        Err(p) => return p.into_response(),
+    };
+    // What this replica's own file ties to the bus (webhook sources, schemas).
+    let webhooks = state.webhooks();
+    let local: Vec<String> = webhooks
+        .buses()
+        .filter(|(_, b)| *b == bus)
+        .map(|(name, _)| format!("webhook `{name}`"))
+        .chain(
+            state
+                .bus_schemas(&bus)
+                .map(|_| "its JSON Schemas".to_string()),
+        )
+        .collect();
+    let pre = Preconditions::from(&headers);
+    let key = catalog::bus_key(&bus);
+    let result = catalog
+        .change(|s| {
+            let Some(at) = s
+                .channels
+                .buses
+                .iter()
+                .position(|b| *b.name.get_ref() == bus)
+            else {
+                return Err(no_bus(&bus));
+            };
+            pre.check(Some(s.version_of(&key)), &format!("bus `{bus}`"))?;
+            let mut users: Vec<String> = s
+                .channels
+                .rules
+                .iter()
+                .filter(|r| *r.bus.get_ref() == bus)
+                .map(|r| format!("rule `{}`", r.name.get_ref()))
+                .chain(
+                    s.channels
+                        .sources
+                        .iter()
+                        .filter(|r| r.bus() == bus)
+                        .map(|r| format!("source `{}`", r.name())),
+                )
+                .collect();
+            users.extend(local.iter().cloned());
+            if !users.is_empty() {
+                return Err(Problem::conflict(format!(
+                    "bus `{bus}` is used by {}; delete those first",
+                    users.join(", ")
+                )));
+            }
+            let mut next = s.channels.clone();
+            next.buses.remove(at);
+            Ok((Some(next), ()))
+        })
+        .await;
+    deleted(result, Kind::Bus, &key)
+}
+
+async fn delete_rule(
+    State(state): State<Arc<IngressState>>,
+    Path((bus, rule)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let catalog = match catalog_of(&state) {
+        Ok(c) => c,
+        Err(p) => return p.into_response(),
+    };
+    let pre = Preconditions::from(&headers);
+    let key = catalog::rule_key(&bus, &rule);
+    let result = catalog
+        .change(|s| {
+            let Some(at) = s
+                .channels
+                .rules
+                .iter()
+                .position(|r| *r.bus.get_ref() == bus && *r.name.get_ref() == rule)
+            else {
+                return Err(
+                    Problem::unknown(format!("no rule `{rule}` on bus `{bus}`")).with_field("rule")
+                );
+            };
+            pre.check(
+                Some(s.version_of(&key)),
+                &format!("rule `{rule}` on bus `{bus}`"),
+            )?;
+            let mut next = s.channels.clone();
+            next.rules.remove(at);
+            Ok((Some(next), ()))
+        })
+        .await;
+    deleted(result, Kind::Rule, &key)
+}
+
+async fn delete_source(
+    State(state): State<Arc<IngressState>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let catalog = match catalog_of(&state) {
+        Ok(c) => c,
+        Err(p) => return p.into_response(),
+    };
+    let pre = Preconditions::from(&headers);
+    let key = catalog::source_key(&name);
+    let result = catalog
+        .change(|s| {
+            let Some(at) = s.channels.sources.iter().position(|r| r.name() == name) else {
+                return Err(Problem::unknown(format!("no source `{name}`")).with_field("source"));
+            };
+            pre.check(Some(s.version_of(&key)), &format!("source `{name}`"))?;
+            let mut next = s.channels.clone();
+            next.sources.remove(at);
+            Ok((Some(next), ()))
+        })
+        .await;
+    deleted(result, Kind::Source, &key)
+}
+
+fn deleted(
+    result: Result<catalog::Changed<()>, ChangeError<Problem>>,
+    kind: Kind,
+    key: &str,
+) -> Response {
+    match result {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => change_problem(e, kind, key, None).into_response(),
+    }
+}
+
+/// `POST /api/v1/catalog/apply`: makes the catalog hold a file's resources, as one change.
+/// `?prune=true` also deletes what the file does not have; `?dry_run=true` only reports.
+async fn apply(
+    State(state): State<Arc<IngressState>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+    body: axum::body::Bytes,
+) -> Response {
+    let catalog = match catalog_of(&state) {
+        Ok(c) => c,
+        Err(p) => return p.into_response(),
+    };
+    let mut prune = false;
+    let mut dry_run = false;
+    for pair in query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
+        let flag = match value {
+            "true" | "1" | "" => true,
+            "false" | "0" => false,
+            other => {
+                return Problem::bad_request(
+                    key,
+                    format!("`{key}` must be true or false, not `{other}`"),
+                )
+                .into_response()
+            }
+        };
+        match key {
+            "prune" => prune = flag,
+            "dry_run" => dry_run = flag,
+            other => {
+                return Problem::bad_request(
+                    other,
+                    format!("unknown parameter `{other}` (prune, dry_run)"),
+                )
+                .into_response()
+            }
+        }
+    }
+    let file: Channels = match parse_resource(&body, &[]) {
+        Ok(c) => c,
+        Err(p) => return p.into_response(),
+    };
+    let mut attempted = None;
+    let result = catalog
+        .change(|s| {
+            let (next, report) = merge(&s.channels, &file, prune);
+            attempted = Some(next.clone());
+            Ok::<_, Problem>((if dry_run { None } else { Some(next) }, report))
+        })
+        .await;
+    match result {
+        Ok(done) => {
+            if dry_run {
+                // Checked like a real apply, without writing.
+                if let Some(next) = &attempted {
+                    if let Err(invalid) = catalog::check_change(&done.snapshot.channels, next) {
+                        let at = key_of(next, invalid.kind, invalid.index).unwrap_or_default();
+                        return Problem::invalid_resource(
+                            &invalid.pointer,
+                            format!("{at}: {}", invalid.message),
+                        )
+                        .with_extra("resource", json!(at))
+                        .into_response();
+                    }
+                }
+            }
+            Json(json!({
+                "version": done.snapshot.version,
+                "dry_run": dry_run,
+                "changed": done.written,
+                "resources": done.value,
+            }))
+            .into_response()
+        }
+        Err(ChangeError::Invalid(invalid)) => {
+            let at = attempted
+                .as_ref()
+                .and_then(|c| key_of(c, invalid.kind, invalid.index))
+                .unwrap_or_default();
+            Problem::invalid_resource(&invalid.pointer, format!("{at}: {}", invalid.message))
+                .with_extra("resource", json!(at))
+                .into_response()
+        }
+        Err(e) => change_problem(e, Kind::Bus, "", None).into_response(),
+    }
+}
+
+/// The catalog after applying `file` to `current`, and what happened to each resource.
+fn merge(current: &Channels, file: &Channels, prune: bool) -> (Channels, Vec<Value>) {
+    let before = Snapshot::resources(current);
+    let wanted = Snapshot::resources(file);
+    let mut report = Vec::new();
+    let mut next = if prune {
+        Channels::default()
+    } else {
+        current.clone()
+    };
+    if prune {
+        for key in before.keys().filter(|k| !wanted.contains_key(*k)) {
+            report.push(json!({"resource": key, "result": "deleted"}));
+        }
+    }
+    for bus in &file.buses {
+        match next
+            .buses
+            .iter()
+            .position(|b| b.name.get_ref() == bus.name.get_ref())
+        {
+            Some(i) => next.buses[i] = bus.clone(),
+            None => next.buses.push(bus.clone()),
+        }
+    }
+    for rule in &file.rules {
+        match next.rules.iter().position(|r| {
+            r.bus.get_ref() == rule.bus.get_ref() && r.name.get_ref() == rule.name.get_ref()
+        }) {
+            Some(i) => next.rules[i] = rule.clone(),
+            None => next.rules.push(rule.clone()),
+        }
+    }
+    for source in &file.sources {
+        match next.sources.iter().position(|s| s.name() == source.name()) {
+            Some(i) => next.sources[i] = source.clone(),
+            None => next.sources.push(source.clone()),
+        }
+    }
+    for (key, json) in &wanted {
+        let result = match before.get(key) {
+            None => "created",
+            Some(old) if old == json => "unchanged",
+            Some(_) => "updated",
+        };
+        report.push(json!({"resource": key, "result": result}));
+    }
+    (next, report)
+}
+
+// ---------------------------------------------------------------------------------------
+// Connectors, tasks, cluster
+
+async fn connector_view(
+    state: &IngressState,
+    id: &str,
+    statuses: &HashMap<String, Value>,
+) -> Value {
+    let plan = state.plan();
+    let tasks = state.connectors().get(id).copied().unwrap_or(0);
+    let mut task_views = Vec::new();
+    let parts: Vec<&str> = id.splitn(3, '/').collect();
+    let log = match (&plan, parts.as_slice()) {
+        (Some(plan), [bus, _, _]) => plan.logs.get(*bus).cloned(),
+        _ => None,
+    };
+    let positions = state.positions();
+    for index in 0..tasks {
+        let task = task_id(id, index);
+        let mut view = statuses
+            .get(&task)
+            .cloned()
+            .unwrap_or_else(|| json!({"id": task, "state": "UNASSIGNED"}));
+        if let (Some(log), Some(positions), [bus, rule, target]) =
+            (&log, &positions, parts.as_slice())
+        {
+            let end = log.end(index).await.ok();
+            let at = positions
+                .peek_group(bus, index)
+                .await
+                .ok()
+                .and_then(|g| g.of(&format!("{rule}/{target}")));
+            if let Value::Object(map) = &mut view {
+                map.insert("shard".to_string(), json!(index));
+                map.insert("position".to_string(), json!(at));
+                map.insert("end".to_string(), json!(end));
+                // No position yet: the subscription starts where the shard ends.
+                map.insert(
+                    "lag".to_string(),
+                    json!(end.map(|e| e.saturating_sub(at.unwrap_or(e).min(e)))),
+                );
+            }
+        } else if let Value::Object(map) = &mut view {
+            map.insert("index".to_string(), json!(index));
+        }
+        task_views.push(view);
+    }
+    let lag: u64 = task_views.iter().filter_map(|t| t["lag"].as_u64()).sum();
+    let mut view = statuses
+        .get(id)
+        .cloned()
+        .unwrap_or_else(|| json!({"id": id, "state": "RUNNING"}));
+    if let Value::Object(map) = &mut view {
+        map.insert(
+            "kind".to_string(),
+            json!(if id.starts_with("source/") {
+                "source"
+            } else {
+                "subscription"
+            }),
+        );
+        map.insert("lag".to_string(), json!(lag));
+        map.insert("tasks".to_string(), Value::Array(task_views));
+    }
+    view
+}
+
+async fn statuses_by_id(state: &IngressState) -> Result<HashMap<String, Value>, Problem> {
+    let statuses = state
+        .cluster
+        .statuses()
+        .await
+        .map_err(|e| Problem::unavailable(e.to_string(), 2))?;
+    Ok(statuses
+        .into_iter()
+        .map(|s| {
+            (
+                s.id.clone(),
+                serde_json::to_value(&s).unwrap_or(Value::Null),
+            )
+        })
+        .collect())
+}
+
+async fn list_connectors(State(state): State<Arc<IngressState>>) -> Response {
+    let statuses = match statuses_by_id(&state).await {
+        Ok(s) => s,
+        Err(p) => return p.into_response(),
+    };
+    let mut ids: Vec<String> = state.connectors().keys().cloned().collect();
+    ids.sort();
+    let mut items = Vec::new();
+    for id in ids {
+        items.push(connector_view(&state, &id, &statuses).await);
+    }
+    Json(json!({"items": items})).into_response()
+}
+
+async fn get_connector(
+    State(state): State<Arc<IngressState>>,
+    Path((bus, rule, target)): Path<(String, String, String)>,
+) -> Response {
+    let id = format!("{bus}/{rule}/{target}");
+    if !state.connectors().contains_key(&id) {
+        return Problem::unknown(format!("no connector `{id}` in the running catalog"))
+            .into_response();
+    }
+    match statuses_by_id(&state).await {
+        Ok(statuses) => Json(connector_view(&state, &id, &statuses).await).into_response(),
+        Err(p) => p.into_response(),
+    }
+}
+
+async fn connector_action(
+    State(state): State<Arc<IngressState>>,
+    Path((bus, rule, target, action)): Path<(String, String, String, String)>,
+) -> Response {
+    crate::admin::act(&state, &format!("{bus}/{rule}/{target}"), None, &action).await
+}
+
+async fn task_action(
+    State(state): State<Arc<IngressState>>,
+    Path((bus, rule, target, shard, action)): Path<(String, String, String, u32, String)>,
+) -> Response {
+    crate::admin::act(
+        &state,
+        &format!("{bus}/{rule}/{target}"),
+        Some(shard),
+        &action,
+    )
+    .await
+}
+
+async fn source_action(
+    State(state): State<Arc<IngressState>>,
+    Path((name, action)): Path<(String, String)>,
+) -> Response {
+    crate::admin::act(&state, &format!("source/{name}"), None, &action).await
+}
+
+async fn source_task_action(
+    State(state): State<Arc<IngressState>>,
+    Path((name, index, action)): Path<(String, u32, String)>,
+) -> Response {
+    crate::admin::act(&state, &format!("source/{name}"), Some(index), &action).await
+}
+
+async fn cluster(State(state): State<Arc<IngressState>>) -> Response {
+    let Some((_, auth)) = state.admin() else {
+        return Problem::unavailable("the gateway is starting", 1).into_response();
+    };
+    let members = match state.cluster.members().await {
+        Ok(mut m) => {
+            m.sort();
+            m
+        }
+        Err(e) => return Problem::unavailable(e.to_string(), 2).into_response(),
+    };
+    let statuses = match state.cluster.statuses().await {
+        Ok(s) => s,
+        Err(e) => return Problem::unavailable(e.to_string(), 2).into_response(),
+    };
+    let mut assignment: BTreeMap<String, Vec<String>> =
+        members.iter().map(|m| (m.clone(), Vec::new())).collect();
+    for status in &statuses {
+        if status.state == crate::runtime::cluster::State::Running && status.id.contains('#') {
+            if let Some(worker) = &status.worker {
+                assignment
+                    .entry(worker.clone())
+                    .or_default()
+                    .push(status.id.clone());
+            }
+        }
+    }
+    for tasks in assignment.values_mut() {
+        tasks.sort();
+    }
+    Json(json!({
+        "worker": state.cluster.worker_id(),
+        "strategy": auth.strategy,
+        "members": members,
+        "assignment": assignment,
+        "statuses": statuses,
+    }))
+    .into_response()
+}
+
+// ---------------------------------------------------------------------------------------
+// Replays
+
+/// A time as RFC 3339 text or milliseconds since the Unix epoch.
+fn parse_time(value: &Value, pointer: &str) -> Result<u64, Problem> {
+    match value {
+        Value::Number(n) => n.as_u64().ok_or_else(|| {
+            Problem::invalid_resource(
+                pointer,
+                "a time is milliseconds since the Unix epoch or RFC 3339 text",
+            )
+        }),
+        Value::String(s) => chrono::DateTime::parse_from_rfc3339(s)
+            .map(|t| t.timestamp_millis().max(0) as u64)
+            .map_err(|e| {
+                Problem::invalid_resource(pointer, format!("`{s}` is not an RFC 3339 time: {e}"))
+            }),
+        _ => Err(Problem::invalid_resource(
+            pointer,
+            "a time is milliseconds since the Unix epoch or RFC 3339 text",
+        )),
+    }
+}
+
+/// `POST /api/v1/buses/{bus}/replays`: `{"rule", "target"?, "from"?, "to"?}` (acceptance
+/// times) or `{"rule", "target"?, "positions": {"0": [from, to], ...}}`.
+async fn start_replay(
+    State(state): State<Arc<IngressState>>,
+    Path(bus): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    match start_replay_inner(&state, &bus, &body).await {
+        Ok(status) => {
+            let location = format!("/api/v1/buses/{bus}/replays/{}", status.id);
+            let mut response = (StatusCode::ACCEPTED, Json(json!(status))).into_response();
+            if let Ok(v) = HeaderValue::from_str(&location) {
+                response.headers_mut().insert(header::LOCATION, v);
+            }
+            response
+        }
+        Err(p) => p.into_response(),
+    }
+}
+
+async fn start_replay_inner(
+    state: &IngressState,
+    bus: &str,
+    body: &[u8],
+) -> Result<crate::replay::ReplayStatus, Problem> {
+    let request: Map<String, Value> = match serde_json::from_slice(body) {
+        Ok(Value::Object(map)) => map,
+        Ok(_) => {
+            return Err(Problem::invalid_resource(
+                "",
+                "the body must be a JSON object",
+            ))
+        }
+        Err(e) => {
+            return Err(Problem::invalid_resource(
+                "",
+                format!("the body is not JSON: {e}"),
+            ))
+        }
+    };
+    for key in request.keys() {
+        if !matches!(
+            key.as_str(),
+            "rule" | "target" | "from" | "to" | "positions"
+        ) {
+            return Err(Problem::invalid_resource(
+                &format!("/{key}"),
+                format!("unknown field `{key}` (rule, target, from, to, positions)"),
+            ));
+        }
+    }
+    let plan = state
+        .plan()
+        .ok_or_else(|| Problem::unavailable("the gateway is starting", 1))?;
+    let Some(bus_plan) = plan.buses.get(bus) else {
+        return Err(no_bus(bus));
+    };
+    let Some(rule) = request.get("rule").and_then(Value::as_str) else {
+        return Err(Problem::invalid_resource(
+            "/rule",
+            "`rule` (the name of a rule of the bus) is required",
+        ));
+    };
+    let target = match request.get("target") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(t)) => Some(t.as_str()),
+        Some(_) => {
+            return Err(Problem::invalid_resource(
+                "/target",
+                "`target` is a target's name",
+            ))
+        }
+    };
+    let subscriptions = crate::replay::subscriptions(&plan, bus, rule, target);
+    if subscriptions.is_empty() {
+        return Err(Problem::invalid_resource(
+            if target.is_some() { "/target" } else { "/rule" },
+            match target {
+                Some(t) => format!("rule `{rule}` of bus `{bus}` has no target `{t}` running"),
+                None => format!("bus `{bus}` has no rule `{rule}` running"),
+            },
+        ));
+    }
+    let from_ms = request
+        .get("from")
+        .map(|v| parse_time(v, "/from"))
+        .transpose()?;
+    let to_ms = request
+        .get("to")
+        .map(|v| parse_time(v, "/to"))
+        .transpose()?;
+    if let (Some(f), Some(t)) = (from_ms, to_ms) {
+        if t <= f {
+            return Err(Problem::invalid_resource(
+                "/to",
+                "`to` must be after `from`",
+            ));
+        }
+    }
+    let positions = match request.get("positions") {
+        None => None,
+        Some(Value::Object(map)) => {
+            if from_ms.is_some() || to_ms.is_some() {
+                return Err(Problem::invalid_resource(
+                    "/positions",
+                    "give a time range (`from`, `to`) or `positions`, not both",
+                ));
+            }
+            let mut out = BTreeMap::new();
+            for (shard, range) in map {
+                let at = format!("/positions/{shard}");
+                let shard: u32 = shard
+                    .parse()
+                    .ok()
+                    .filter(|s| *s < bus_plan.log.shards())
+                    .ok_or_else(|| {
+                        Problem::invalid_resource(
+                            &at,
+                            format!("bus `{bus}` has shards 0 to {}", bus_plan.log.shards() - 1),
+                        )
+                    })?;
+                let pair = range.as_array().and_then(|a| match a.as_slice() {
+                    [from, to] => Some((from.as_u64()?, to.as_u64()?)),
+                    _ => None,
+                });
+                match pair {
+                    Some((from, to)) if from <= to => {
+                        out.insert(shard, (from, to));
+                    }
+                    _ => {
+                        return Err(Problem::invalid_resource(
+                            &at,
+                            "a shard's range is `[from, to]`, positions with from <= to",
+                        ))
+                    }
+                }
+            }
+            Some(out)
+        }
+        Some(_) => {
+            return Err(Problem::invalid_resource(
+                "/positions",
+                "`positions` maps a shard to `[from, to]`",
+            ))
+        }
+    };
+    let (_, admin) = state
+        .admin()
+        .ok_or_else(|| Problem::unavailable("the gateway is starting", 1))?;
+    let store = state
+        .replays
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let (cancel, cancelled) = tokio::sync::watch::channel(false);
+    let status = crate::replay::start(
+        crate::replay::ReplayRequest {
+            bus: bus.to_string(),
+            rule: rule.to_string(),
+            subscriptions,
+            log: bus_plan.log.clone(),
+            from_ms,
+            to_ms,
+            positions,
+        },
+        store,
+        state.cluster.worker_id(),
+        admin.replay_batch,
+        cancelled,
+    )
+    .await
+    .map_err(|e| store_problem(&e))?;
+    state
+        .replay_cancels
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(status.id.clone(), cancel);
+    Ok(status)
+}
+
+/// Replays of `bus`, newest first. A replay still `RUNNING` on a worker that left the
+/// cluster shows as `FAILED`.
+async fn replays_of(state: &IngressState, bus: &str) -> Result<Vec<Value>, Problem> {
+    let store = state
+        .replays
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let mut all = store.list().await.map_err(|e| store_problem(&e))?;
+    let members = state.cluster.members().await.unwrap_or_default();
+    all.retain(|r| r.bus == bus);
+    all.sort_by_key(|r| std::cmp::Reverse(r.created_ms));
+    Ok(all
+        .into_iter()
+        .map(|mut r| {
+            if r.state == "RUNNING" && !members.contains(&r.worker) {
+                r.state = "FAILED".to_string();
+                r.reason = Some(format!(
+                    "worker `{}`, which ran it, left the cluster",
+                    r.worker
+                ));
+            }
+            json!(r)
+        })
+        .collect())
+}
+
+async fn list_replays(State(state): State<Arc<IngressState>>, Path(bus): Path<String>) -> Response {
+    match replays_of(&state, &bus).await {
+        Ok(items) => Json(json!({"items": items})).into_response(),
+        Err(p) => p.into_response(),
+    }
+}
+
+async fn get_replay(
+    State(state): State<Arc<IngressState>>,
+    Path((bus, id)): Path<(String, String)>,
+) -> Response {
+    match replays_of(&state, &bus).await {
+        Ok(items) => match items.into_iter().find(|r| r["id"] == id.as_str()) {
+            Some(r) => Json(r).into_response(),
+            None => Problem::unknown(format!("no replay `{id}` of bus `{bus}`"))
+                .with_field("replay")
+                .into_response(),
+        },
+        Err(p) => p.into_response(),
+    }
+}
+
+async fn cancel_replay(
+    State(state): State<Arc<IngressState>>,
+    Path((bus, id)): Path<(String, String)>,
+) -> Response {
+    let items = match replays_of(&state, &bus).await {
+        Ok(items) => items,
+        Err(p) => return p.into_response(),
+    };
+    let Some(replay) = items.into_iter().find(|r| r["id"] == id.as_str()) else {
+        return Problem::unknown(format!("no replay `{id}` of bus `{bus}`"))
+            .with_field("replay")
+            .into_response();
+    };
+    if replay["state"] != "RUNNING" {
+        return StatusCode::NO_CONTENT.into_response();
+    }
+    let cancel = state
+        .replay_cancels
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&id);
+    match cancel {
+        Some(cancel) => {
+            let _ = cancel.send(true);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        None => Problem::conflict(format!(
+            "replay `{id}` runs on worker `{}`: cancel it there",
+            replay["worker"].as_str().unwrap_or("?")
+        ))
+        .into_response(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Rule test
+
+/// `POST /api/v1/rules/test`: `{"event": {...}, "pattern": {...} | "filter": "...",
+/// "transform": step-or-chain}` or `{"event": {...}, "rule": "bus/rule", "target": "name"}`.
+async fn test_rule(State(state): State<Arc<IngressState>>, body: axum::body::Bytes) -> Response {
+    let request: Map<String, Value> = match serde_json::from_slice(&body) {
+        Ok(Value::Object(map)) => map,
+        Ok(_) => {
+            return Problem::invalid_resource("", "the body must be a JSON object").into_response()
+        }
+        Err(e) => {
+            return Problem::invalid_resource("", format!("the body is not JSON: {e}"))
+                .into_response()
+        }
+    };
+    for key in request.keys() {
+        if !matches!(
+            key.as_str(),
+            "event" | "pattern" | "filter" | "transform" | "rule" | "target"
+        ) {
+            return Problem::invalid_resource(
+                &format!("/{key}"),
+                format!("unknown field `{key}` (event, pattern, filter, transform, rule, target)"),
+            )
+            .into_response();
+        }
+    }
+    let Some(event) = request.get("event") else {
+        return Problem::invalid_resource(
+            "/event",
+            "`event` (a structured-mode CloudEvent) is required",
+        )
+        .into_response();
+    };
+    let mut pattern = request.get("pattern").cloned();
+    let mut filter = request
+        .get("filter")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let mut transform = request.get("transform").cloned();
+    if let Some(rule) = request.get("rule") {
+        let Some((bus, name)) = rule.as_str().and_then(|r| r.split_once('/')) else {
+            return Problem::invalid_resource("/rule", "`rule` is `bus/rule`").into_response();
+        };
+        let catalog = match catalog_of(&state) {
+            Ok(c) => c,
+            Err(p) => return p.into_response(),
+        };
+        let snapshot = match catalog.snapshot().await {
+            Ok(s) => s,
+            Err(e) => return store_problem(&e).into_response(),
+        };
+        let Some(found) = snapshot
+            .channels
+            .rules
+            .iter()
+            .find(|r| *r.bus.get_ref() == bus && *r.name.get_ref() == name)
+        else {
+            return Problem::unknown(format!("no rule `{name}` on bus `{bus}`"))
+                .with_field("/rule")
+                .into_response();
+        };
+        pattern = found
+            .pattern
+            .as_ref()
+            .map(|p| serde_json::to_value(p.get_ref()).unwrap_or(Value::Null));
+        filter = found.filter.as_ref().map(|f| f.get_ref().clone());
+        if let Some(target) = request.get("target").and_then(Value::as_str) {
+            let Some(t) = found.targets.iter().find(|t| t.name() == target) else {
+                return Problem::unknown(format!("rule `{bus}/{name}` has no target `{target}`"))
+                    .with_field("/target")
+                    .into_response();
+            };
+            transform = t
+                .transform()
+                .map(|v| serde_json::to_value(v).unwrap_or(Value::Null));
+        }
+    }
+    let event_bytes = serde_json::to_vec(event).unwrap_or_default();
+    let everything = json!({});
+    let condition = match (&pattern, &filter) {
+        (Some(_), Some(_)) => {
+            return Problem::invalid_resource("/filter", "give a `pattern` or a `filter`, not both")
+                .into_response()
+        }
+        (Some(p), None) => sluice_functions::Condition::Pattern(p),
+        (None, Some(f)) => sluice_functions::Condition::Filter(f),
+        (None, None) => sluice_functions::Condition::Pattern(&everything),
+    };
+    let matched = match sluice_functions::test_rule(&event_bytes, condition, None) {
+        Ok(answer) => answer["matched"].as_bool().unwrap_or(false),
+        Err(e) => return rule_test_problem(&e).into_response(),
+    };
+    let mut answer = json!({ "matched": matched });
+    if let (true, Some(transform)) = (matched, &transform) {
+        // Each step on its own, fed the previous step's event: what each one produced.
+        let steps: Vec<Value> = match transform {
+            Value::Array(steps) => steps.clone(),
+            one => vec![one.clone()],
+        };
+        if let Err(e) = sluice_functions::TransformChain::compile(transform) {
+            return Problem::invalid_resource("/transform", e.to_string()).into_response();
+        }
+        let mut current = event_bytes.clone();
+        let mut outputs = Vec::new();
+        for (i, step) in steps.iter().enumerate() {
+            let everything = json!({});
+            match sluice_functions::test_rule(
+                &current,
+                sluice_functions::Condition::Pattern(&everything),
+                Some(step),
+            ) {
+                Ok(out) => {
+                    let output = out.get("output").cloned().unwrap_or(Value::Null);
+                    current = serde_json::to_vec(&output).unwrap_or_default();
+                    outputs.push(json!({"step": i, "output": output}));
+                }
+                Err(e) => {
+                    outputs.push(json!({"step": i, "error": e.to_string()}));
+                    break;
+                }
+            }
+        }
+        if let Some(last) = outputs.last().and_then(|o| o.get("output")).cloned() {
+            answer["output"] = last;
+        }
+        answer["steps"] = Value::Array(outputs);
+    }
+    Json(answer).into_response()
+}
+
+fn rule_test_problem(e: &sluice_functions::RuleTestError) -> Problem {
+    let text = e.to_string();
+    let at = match e {
+        sluice_functions::RuleTestError::Event(_) => "/event",
+        sluice_functions::RuleTestError::Pattern(p) => {
+            return Problem::invalid_resource(
+                &format!("/pattern{}", crate::rules::path_to_pointer(&p.path)),
+                text,
+            )
+        }
+        sluice_functions::RuleTestError::Filter(_) => "/filter",
+        _ => "/transform",
+    };
+    Problem::invalid_resource(at, text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::ServiceExt as _;
+
+    async fn router(hashes: Vec<[u8; 32]>) -> (Router, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let state = Arc::new(IngressState::new(
+            HashMap::new(),
+            crate::config::Limits::default(),
+            Arc::new(crate::runtime::cluster::LocalCluster::new("w")),
+        ));
+        let catalog = Catalog::new(Arc::new(catalog::FileCatalog::new(dir.path())));
+        state.set_admin(
+            catalog,
+            AdminAuth {
+                hashes,
+                strategy: "sorted-hash".to_string(),
+                replay_batch: 100,
+            },
+        );
+        (routes(state), dir)
+    }
+
+    fn request(peer: [u8; 4], token: Option<&str>, path: &str) -> Request {
+        let mut builder = axum::http::Request::get(path);
+        if let Some(token) = token {
+            builder = builder.header("authorization", format!("Bearer {token}"));
+        }
+        let mut request = builder.body(axum::body::Body::empty()).unwrap();
+        request
+            .extensions_mut()
+            .insert(ConnectInfo(SocketAddr::from((peer, 40000))));
+        request
+    }
+
+    #[tokio::test]
+    async fn without_a_token_only_loopback_is_answered() {
+        let (router, _dir) = router(Vec::new()).await;
+        let local = router
+            .clone()
+            .oneshot(request([127, 0, 0, 1], None, "/api/v1/buses"))
+            .await
+            .unwrap();
+        assert_eq!(local.status(), 200);
+        let remote = router
+            .clone()
+            .oneshot(request([10, 1, 2, 3], None, "/api/v1/buses"))
+            .await
+            .unwrap();
+        assert_eq!(remote.status(), 403);
+        assert_eq!(remote.headers()["content-type"], "application/problem+json");
+        // Open routes stay open.
+        let doc = router
+            .oneshot(request([10, 1, 2, 3], None, "/api/v1/openapi.json"))
+            .await
+            .unwrap();
+        assert_eq!(doc.status(), 200);
+    }
+
+    #[tokio::test]
+    async fn with_tokens_any_peer_needs_one_of_them() {
+        let hash = parse_hash(&hash_token("t0ken")).unwrap();
+        let (router, _dir) = router(vec![hash]).await;
+        for (peer, token, status) in [
+            ([127, 0, 0, 1], None, 401),
+            ([10, 1, 2, 3], None, 401),
+            ([10, 1, 2, 3], Some("wrong"), 401),
+            ([10, 1, 2, 3], Some("t0ken"), 200),
+        ] {
+            let answer = router
+                .clone()
+                .oneshot(request(peer, token, "/api/v1/buses"))
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), status, "{peer:?} {token:?}");
+        }
+    }
+
+    #[test]
+    fn token_hashes_are_checked() {
+        assert!(parse_hash("sha256:00").is_err());
+        assert!(parse_hash(&"g".repeat(64)).is_err());
+        let h = hash_token("abc");
+        assert_eq!(
+            h,
+            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert!(parse_hash(&h).is_ok());
+    }
+}
