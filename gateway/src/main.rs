@@ -9,6 +9,8 @@ use clap::{Parser, Subcommand};
 use sluice::config::{Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
+mod ctl;
+
 // Request handling allocates many small short-lived buffers across threads; mimalloc's
 // thread-local free lists cost far less there than glibc's arenas (measured with perf).
 #[global_allocator]
@@ -40,6 +42,8 @@ enum Command {
         /// The configuration file (TOML).
         file: PathBuf,
     },
+    /// Manage a running gateway through its admin API (`/api/v1`).
+    Ctl(ctl::Ctl),
     /// Rules, tried without a running gateway.
     Rule {
         #[command(subcommand)]
@@ -132,6 +136,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Rule { .. } => Ok(()),
+        Command::Ctl(ctl) => ctl::run(ctl),
         Command::CheckConfig { file } => {
             let config = Config::load(&file)?;
             println!(
@@ -160,7 +165,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .filter(|k| k.starts_with("SLUICE_"))
                 .filter(|k| {
                     let key = k["SLUICE_".len()..].to_ascii_lowercase();
-                    key != "config" && !sluice::config::ENV_KEYS.contains(&key.as_str())
+                    !matches!(key.as_str(), "config" | "admin_token" | "server")
+                        && !sluice::config::ENV_KEYS.contains(&key.as_str())
                 })
                 .collect();
             for var in unknown {

@@ -1,0 +1,406 @@
+//! `sluice ctl`: the admin API from the command line (and from CI, for GitOps).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _};
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+
+#[derive(Args)]
+pub(crate) struct Ctl {
+    /// The gateway's admin address.
+    #[arg(
+        long,
+        env = "SLUICE_SERVER",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
+    server: String,
+    /// The admin API's bearer token.
+    #[arg(
+        long,
+        env = "SLUICE_ADMIN_TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    token: Option<String>,
+    #[command(subcommand)]
+    command: CtlCommand,
+}
+
+#[derive(Subcommand)]
+enum CtlCommand {
+    /// Make the catalog hold a file's buses, rules and sources (TOML, as in the
+    /// configuration file, or JSON). Idempotent; prints created / updated / unchanged per
+    /// resource.
+    Apply {
+        #[arg(long, short = 'f')]
+        file: PathBuf,
+        /// Also delete the resources the file does not have.
+        #[arg(long)]
+        prune: bool,
+        /// Show what would change, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Show resources: `buses`, `bus NAME`, `rules BUS`, `rule BUS/NAME`, `sources`,
+    /// `source NAME`, `connectors`, `connector ID`, `cluster`, `catalog`.
+    Get { kind: String, name: Option<String> },
+    /// Like `get`, for one resource or connector, with its status.
+    Describe { kind: String, name: String },
+    /// Delete `bus NAME`, `rule BUS/NAME` or `source NAME`.
+    Delete { kind: String, name: String },
+    /// Pause a connector (`bus/rule/target` or `source/name`), or one task of it.
+    Pause {
+        connector: String,
+        #[arg(long)]
+        task: Option<u32>,
+    },
+    /// Resume a connector or one of its tasks.
+    Resume {
+        connector: String,
+        #[arg(long)]
+        task: Option<u32>,
+    },
+    /// Restart a connector or one of its tasks.
+    Restart {
+        connector: String,
+        #[arg(long)]
+        task: Option<u32>,
+    },
+    /// Test an event against a pattern, a filter or an existing rule, through the gateway.
+    TestRule {
+        /// A structured-mode CloudEvent (JSON file).
+        #[arg(long)]
+        event: PathBuf,
+        /// An event pattern (JSON file).
+        #[arg(long)]
+        pattern: Option<PathBuf>,
+        #[arg(long)]
+        filter: Option<String>,
+        /// A transform step or chain (JSON file).
+        #[arg(long)]
+        transform: Option<PathBuf>,
+        /// An existing rule, `bus/rule` (its condition; with --target, that target's transform).
+        #[arg(long)]
+        rule: Option<String>,
+        #[arg(long)]
+        target: Option<String>,
+    },
+    /// Re-deliver a bus's events accepted in a time range to one rule (or one target of it).
+    Replay {
+        /// The rule, `bus/rule`.
+        rule: String,
+        #[arg(long)]
+        target: Option<String>,
+        /// From this acceptance time (RFC 3339, or ms since the Unix epoch).
+        #[arg(long)]
+        from: Option<String>,
+        /// Up to this acceptance time (exclusive).
+        #[arg(long)]
+        to: Option<String>,
+        /// Wait until the replay ends and print its final status.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Print the SHA-256 of a token, as `admin.tokens` takes it.
+    HashToken { token: String },
+}
+
+struct Client {
+    http: reqwest::Client,
+    server: String,
+    token: Option<String>,
+}
+
+impl Client {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        let url = format!("{}{path}", self.server.trim_end_matches('/'));
+        let mut request = self.http.request(method, &url);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the admin API at {url}"))?;
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        let value: Value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        if !status.is_success() {
+            let detail = value["detail"].as_str().unwrap_or("").to_string();
+            let field = value["field"]
+                .as_str()
+                .map(|f| format!(" (at {f})"))
+                .unwrap_or_default();
+            bail!("{status}: {detail}{field}");
+        }
+        Ok(value)
+    }
+}
+
+fn print(value: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
+}
+
+fn read_json(what: &str, path: &Path) -> anyhow::Result<Value> {
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("cannot read the {what} {}", path.display()))?;
+    serde_json::from_slice(&bytes)
+        .with_context(|| format!("the {what} {} is not JSON", path.display()))
+}
+
+/// A file's buses, rules and sources as JSON. A full configuration file works too: its
+/// server settings are left out.
+fn resources(path: &Path) -> anyhow::Result<Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let all: Value = if path.extension().is_some_and(|e| e == "json") {
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?
+    } else {
+        let table: toml::Table =
+            toml::from_str(&text).with_context(|| format!("{} is not TOML", path.display()))?;
+        serde_json::to_value(table)?
+    };
+    let mut out = serde_json::Map::new();
+    for key in ["buses", "rules", "sources"] {
+        if let Some(v) = all.get(key) {
+            out.insert(key.to_string(), v.clone());
+        }
+    }
+    Ok(Value::Object(out))
+}
+
+fn resource_path(kind: &str, name: Option<&str>) -> anyhow::Result<String> {
+    let need = || name.context(format!("`{kind}` needs a name"));
+    Ok(match kind {
+        "buses" => "/api/v1/buses".to_string(),
+        "bus" => format!("/api/v1/buses/{}", need()?),
+        "rules" => format!("/api/v1/buses/{}/rules", need()?),
+        "rule" => {
+            let (bus, rule) = need()?.split_once('/').context("a rule is named `bus/rule`")?;
+            format!("/api/v1/buses/{bus}/rules/{rule}")
+        }
+        "sources" => "/api/v1/sources".to_string(),
+        "source" => format!("/api/v1/sources/{}", need()?),
+        "connectors" => "/api/v1/connectors".to_string(),
+        "connector" => format!("/api/v1/connectors/{}", need()?),
+        "cluster" => "/api/v1/cluster".to_string(),
+        "catalog" => "/api/v1/catalog".to_string(),
+        other => bail!(
+            "unknown kind `{other}` (buses, bus, rules, rule, sources, source, connectors, connector, cluster, catalog)"
+        ),
+    })
+}
+
+pub(crate) fn run(ctl: Ctl) -> anyhow::Result<()> {
+    if let CtlCommand::HashToken { token } = &ctl.command {
+        println!("{}", sluice::api::hash_token(token));
+        return Ok(());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(run_async(ctl))
+}
+
+async fn run_async(ctl: Ctl) -> anyhow::Result<()> {
+    let client = Client {
+        http: reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(30))
+            .build()?,
+        server: ctl.server,
+        token: ctl.token.filter(|t| !t.is_empty()),
+    };
+    use reqwest::Method;
+    match ctl.command {
+        CtlCommand::HashToken { .. } => {}
+        CtlCommand::Apply {
+            file,
+            prune,
+            dry_run,
+        } => {
+            let body = resources(&file)?;
+            let answer = client
+                .call(
+                    Method::POST,
+                    &format!("/api/v1/catalog/apply?prune={prune}&dry_run={dry_run}"),
+                    Some(&body),
+                )
+                .await?;
+            for r in answer["resources"].as_array().into_iter().flatten() {
+                let result = r["result"].as_str().unwrap_or("?");
+                let result = if dry_run && result != "unchanged" {
+                    format!("{result} (dry run)")
+                } else {
+                    result.to_string()
+                };
+                println!("{} {result}", r["resource"].as_str().unwrap_or("?"));
+            }
+            println!("catalog version {}", answer["version"]);
+        }
+        CtlCommand::Get { kind, name } => {
+            print(
+                &client
+                    .call(Method::GET, &resource_path(&kind, name.as_deref())?, None)
+                    .await?,
+            );
+        }
+        CtlCommand::Describe { kind, name } => {
+            let resource = client
+                .call(Method::GET, &resource_path(&kind, Some(&name))?, None)
+                .await?;
+            if kind == "rule" {
+                // The rule and the status of each of its targets' connectors.
+                let mut connectors = Vec::new();
+                for target in resource["targets"].as_array().into_iter().flatten() {
+                    let id = format!("{name}/{}", target["name"].as_str().unwrap_or(""));
+                    connectors.push(
+                        client
+                            .call(Method::GET, &format!("/api/v1/connectors/{id}"), None)
+                            .await
+                            .unwrap_or_else(|e| json!({"id": id, "error": e.to_string()})),
+                    );
+                }
+                print(&json!({"rule": resource, "connectors": connectors}));
+            } else {
+                print(&resource);
+            }
+        }
+        CtlCommand::Delete { kind, name } => {
+            if !matches!(kind.as_str(), "bus" | "rule" | "source") {
+                bail!("delete takes `bus NAME`, `rule BUS/NAME` or `source NAME`");
+            }
+            client
+                .call(Method::DELETE, &resource_path(&kind, Some(&name))?, None)
+                .await?;
+            println!("{kind} {name} deleted");
+        }
+        CtlCommand::Pause { connector, task } => {
+            control(&client, &connector, task, "pause").await?
+        }
+        CtlCommand::Resume { connector, task } => {
+            control(&client, &connector, task, "resume").await?
+        }
+        CtlCommand::Restart { connector, task } => {
+            control(&client, &connector, task, "restart").await?
+        }
+        CtlCommand::Replay {
+            rule,
+            target,
+            from,
+            to,
+            wait,
+        } => {
+            let (bus, rule) = rule.split_once('/').context("a rule is named `bus/rule`")?;
+            let time =
+                |t: &str| -> Value { t.parse::<u64>().map_or_else(|_| json!(t), |ms| json!(ms)) };
+            let mut body = json!({"rule": rule});
+            if let Some(t) = target {
+                body["target"] = json!(t);
+            }
+            if let Some(f) = from {
+                body["from"] = time(&f);
+            }
+            if let Some(t) = to {
+                body["to"] = time(&t);
+            }
+            let started = client
+                .call(
+                    Method::POST,
+                    &format!("/api/v1/buses/{bus}/replays"),
+                    Some(&body),
+                )
+                .await?;
+            let id = started["id"].as_str().unwrap_or("").to_string();
+            if !wait {
+                print(&started);
+                return Ok(());
+            }
+            loop {
+                let status = client
+                    .call(
+                        Method::GET,
+                        &format!("/api/v1/buses/{bus}/replays/{id}"),
+                        None,
+                    )
+                    .await?;
+                if status["state"] != "RUNNING" {
+                    print(&status);
+                    if status["state"] != "COMPLETED" {
+                        bail!("replay {id} ended {}", status["state"]);
+                    }
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+        CtlCommand::TestRule {
+            event,
+            pattern,
+            filter,
+            transform,
+            rule,
+            target,
+        } => {
+            let mut body = json!({"event": read_json("event", &event)?});
+            if let Some(p) = pattern {
+                body["pattern"] = read_json("pattern", &p)?;
+            }
+            if let Some(f) = filter {
+                body["filter"] = json!(f);
+            }
+            if let Some(t) = transform {
+                body["transform"] = read_json("transform", &t)?;
+            }
+            if let Some(r) = rule {
+                body["rule"] = json!(r);
+            }
+            if let Some(t) = target {
+                body["target"] = json!(t);
+            }
+            print(
+                &client
+                    .call(Method::POST, "/api/v1/rules/test", Some(&body))
+                    .await?,
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn control(
+    client: &Client,
+    connector: &str,
+    task: Option<u32>,
+    action: &str,
+) -> anyhow::Result<()> {
+    let path = match (connector.strip_prefix("source/"), task) {
+        (Some(name), None) => format!("/api/v1/sources/{name}/{action}"),
+        (Some(name), Some(t)) => format!("/api/v1/sources/{name}/tasks/{t}/{action}"),
+        (None, None) => format!("/api/v1/connectors/{connector}/{action}"),
+        (None, Some(t)) => format!("/api/v1/connectors/{connector}/tasks/{t}/{action}"),
+    };
+    client.call(reqwest::Method::POST, &path, None).await?;
+    match task {
+        Some(t) => println!("{connector} task {t}: {action} requested"),
+        None => println!("{connector}: {action} requested"),
+    }
+    Ok(())
+}
