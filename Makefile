@@ -62,7 +62,7 @@ redis:
 		redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
 
 # The official CloudEvents Python SDK, for the interoperability test.
-venv: $(VENV)/.installed $(VENV)/.standardwebhooks $(VENV)/.webhook-sdks
+venv: $(VENV)/.installed $(VENV)/.standardwebhooks $(VENV)/.webhook-sdks $(VENV)/.openapi
 
 $(VENV)/.installed:
 	$(call apt_install,python3,python3 python3-venv)
@@ -112,6 +112,12 @@ infra-check: infra-tools
 # slack_sdk's SignatureVerifier.
 $(VENV)/.webhook-sdks: $(VENV)/.installed
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check 'stripe==16.1.0' 'slack_sdk==3.48.0'
+	touch $@
+
+# The OpenAPI 3.1 validator and JSON Schema, to check schemas/openapi.json and the admin
+# API's answers against it.
+$(VENV)/.openapi: $(VENV)/.installed tests/scripts/requirements-openapi.txt
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -r tests/scripts/requirements-openapi.txt
 	touch $@
 
 # rocketmq-namesrv-rust and rocketmq-broker-rust, into the cache, only when missing.
