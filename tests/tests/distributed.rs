@@ -879,11 +879,12 @@ async fn admin_actions_on_unknown_connectors_and_tasks_are_404() {
     }
 }
 
-/// A replica started with a different file publishes it and every replica resyncs to it
-/// (until the admin API owns the configuration); a replica whose file changes a bus's
-/// shard count is refused at start, naming the bus.
+/// The catalog, not the last file, is what the cluster runs: a replica started with a
+/// different file (another rule, another shard count) runs the catalog and says its file
+/// differs; a change through the admin API on one replica reaches the other, which resyncs
+/// in place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_resync_to_the_published_configuration_and_shard_changes_are_refused() {
+async fn replicas_run_the_catalog_not_their_files_and_resync_to_its_changes() {
     let (url, prefix) = shared_redis("resync");
     let rule = |name: &str| {
         format!("\n[[rules]]\nname = \"{name}\"\nbus = \"default\"\n\n[[rules.targets]]\ntype = \"file\"\nname = \"f\"\npath = \"{{data_dir}}/{name}.jsonl\"\n")
@@ -897,18 +898,61 @@ async fn replicas_resync_to_the_published_configuration_and_shard_changes_are_re
     let b = Sluice::builder()
         .distributed(&url, &prefix)
         .without_default_rule()
+        .shards(8)
         .extra(&rule("second"))
         .start()
         .await;
     a.wait_members(2).await;
+    assert!(b.log().contains("differ from the catalog"), "{}", b.log());
+    let client = reqwest::Client::new();
+    let bus: serde_json::Value = client
+        .get(b.url("/api/v1/buses/default"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(bus["shards"], 4, "the catalog's shard count: {bus}");
+
+    // Through b's admin API: add `second`, delete `first`. a resyncs.
+    let second = serde_json::json!({"targets": [{"type": "file", "name": "f", "path": "{data_dir}/second.jsonl"}]});
+    let put = client
+        .put(b.url("/api/v1/buses/default/rules/second"))
+        .json(&second)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 201, "{}", put.text().await.unwrap());
+    let deleted = client
+        .delete(b.url("/api/v1/buses/default/rules/first"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 204);
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !a.log().contains("configuration changed; resynced") {
+    while !a.log().contains("catalog changed; applied") {
         assert!(Instant::now() < deadline, "a never resynced:\n{}", a.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The new rule starts at the end of each shard once its lane exists there: post only
     // after every shard runs it.
     a.wait_states("default/second/f#", "RUNNING", 4).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while a.cluster_view().await["statuses"]
+        .as_array()
+        .is_some_and(|s| {
+            s.iter().any(|s| {
+                s["id"]
+                    .as_str()
+                    .is_some_and(|id| id.starts_with("default/first/"))
+                    && s["state"] == "RUNNING"
+            })
+        })
+    {
+        assert!(Instant::now() < deadline, "`first` still runs");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let posted: HashSet<String> = post_spread(&[a.events_url(), b.events_url()], "r", 40)
         .await
         .into_iter()
@@ -935,33 +979,12 @@ async fn replicas_resync_to_the_published_configuration_and_shard_changes_are_re
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for r in [&a, &b] {
+        let first = ids(&sluice_tests::read_jsonl(&r.data_dir().join("first.jsonl")));
         assert!(
-            sluice_tests::read_jsonl(&r.data_dir().join("first.jsonl")).is_empty(),
-            "the replaced rule delivered"
+            first.iter().all(|id| !posted.contains(id)),
+            "the deleted rule delivered"
         );
     }
-
-    // A file that changes the shard count of `default` (4 in the cluster) is refused.
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!("mode = \"distributed\"\nredis_url = \"{url}\"\nredis_prefix = \"{prefix}\"\n\n[[buses]]\nname = \"default\"\nshards = 8\n"),
-    )
-    .unwrap();
-    let out = std::process::Command::new(sluice_tests::sluice_bin())
-        .args(["serve", "--config"])
-        .arg(&config)
-        .args(["--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert!(
-        stderr.contains("`default` has 4 shards in the cluster and 8"),
-        "{stderr}"
-    );
 }
 
 /// Zero-downtime rolling restart: three replicas under steady load, each in turn gets

@@ -1,0 +1,1098 @@
+//! The admin API (`/api/v1`) and `sluice ctl` against the real binary: resources created,
+//! read, replaced and deleted in both modes, validation errors naming the field by JSON
+//! pointer, optimistic concurrency, a rule created on one replica running on another, no
+//! rollback by a replica restarted with its original file, credentials, `ctl apply`
+//! idempotence and `--prune`, and every answer checked against the OpenAPI document.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{json, Value};
+use sluice_tests::*;
+
+/// Every exchange of a test, recorded for the OpenAPI check.
+#[derive(Default)]
+struct Recorder {
+    exchanges: std::sync::Mutex<Vec<Value>>,
+}
+
+struct Api<'a> {
+    sluice: &'a Sluice,
+    client: Client,
+    token: Option<String>,
+    recorder: &'a Recorder,
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: reqwest::header::HeaderMap,
+    body: Value,
+}
+
+impl Api<'_> {
+    /// `template` is the documented path (`/api/v1/buses/{bus}`), `path` the real one.
+    async fn call(
+        &self,
+        method: Method,
+        template: &str,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> Answer {
+        let mut request = self.client.request(method.clone(), self.sluice.url(path));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("admin request");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let content_type = headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let text = response.text().await.unwrap();
+        let body: Value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        self.recorder.exchanges.lock().unwrap().push(json!({
+            "method": method.as_str(),
+            "path": template,
+            "status": status.as_u16(),
+            "content_type": content_type,
+            "body": body,
+        }));
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    async fn get(&self, template: &str, path: &str) -> Answer {
+        self.call(Method::GET, template, path, None, &[]).await
+    }
+
+    async fn put(&self, template: &str, path: &str, body: Value) -> Answer {
+        self.call(Method::PUT, template, path, Some(body), &[])
+            .await
+    }
+}
+
+fn api<'a>(sluice: &'a Sluice, recorder: &'a Recorder) -> Api<'a> {
+    Api {
+        sluice,
+        client: Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+        token: None,
+        recorder,
+    }
+}
+
+const BUS: &str = "/api/v1/buses/{bus}";
+const RULE: &str = "/api/v1/buses/{bus}/rules/{rule}";
+
+fn file_rule(sluice: &Sluice, name: &str) -> Value {
+    json!({
+        "pattern": {"type": ["order.created"]},
+        "targets": [{"type": "file", "name": "out", "path": sluice.data_dir().join(format!("{name}.jsonl")).to_string_lossy()}]
+    })
+}
+
+async fn post_typed(sluice: &Sluice, bus: &str, id: &str, ty: &str) {
+    let response = Client::new()
+        .post(sluice.url(&format!("/buses/{bus}/events")))
+        .header("ce-specversion", "1.0")
+        .header("ce-id", id)
+        .header("ce-source", "/admin-test")
+        .header("ce-type", ty)
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202, "{}", response.text().await.unwrap());
+}
+
+async fn wait_ids(sluice: &Sluice, file: &str, want: &[&str]) {
+    let path = sluice.data_dir().join(file);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let got = if path.exists() {
+            ids(&read_jsonl(&path))
+        } else {
+            Vec::new()
+        };
+        if want.iter().all(|w| got.iter().any(|g| g == w)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{file}: want {want:?}, got {got:?}\n{}",
+            sluice.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Checks the recorded answers against the OpenAPI document (and the document itself)
+/// with the PyPI validators.
+fn check_openapi(recorder: &Recorder, name: &str) {
+    let exchanges = recorder.exchanges.lock().unwrap().clone();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(format!("{name}.json"));
+    std::fs::write(&file, serde_json::to_vec_pretty(&exchanges).unwrap()).unwrap();
+    let out = std::process::Command::new(python())
+        .arg(repo_root().join("tests/scripts/check_openapi.py"))
+        .arg(&file)
+        .output()
+        .expect("run check_openapi.py");
+    assert!(
+        out.status.success(),
+        "OpenAPI check failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn crud_and_validation(sluice: &Sluice, recorder: &Recorder) {
+    let api = api(sluice, recorder);
+
+    // The bus of the file is in the catalog.
+    let buses = api.get("/api/v1/buses", "/api/v1/buses").await;
+    assert_eq!(buses.status, 200);
+    assert_eq!(buses.body["items"][0]["name"], "default");
+
+    // Create a bus (201, Location, ETag), read it, replace it (200), list it.
+    let created = api
+        .put(BUS, "/api/v1/buses/orders", json!({"shards": 2}))
+        .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    assert_eq!(created.headers["location"], "/api/v1/buses/orders");
+    let v1 = created.body["version"].as_u64().unwrap();
+    assert_eq!(created.headers["etag"], format!("\"{v1}\"").as_str());
+    let read = api.get(BUS, "/api/v1/buses/orders").await;
+    assert_eq!(
+        (read.status, read.body["shards"].clone()),
+        (StatusCode::OK, json!(2))
+    );
+    let replaced = api
+        .put(
+            BUS,
+            "/api/v1/buses/orders",
+            json!({"shards": 2, "dedup_window": "10m"}),
+        )
+        .await;
+    assert_eq!(replaced.status, 200, "{}", replaced.body);
+    let v2 = replaced.body["version"].as_u64().unwrap();
+    assert!(v2 > v1);
+
+    // The shard count of a bus cannot change.
+    let reshard = api
+        .put(BUS, "/api/v1/buses/orders", json!({"shards": 4}))
+        .await;
+    assert_eq!(reshard.status, 400);
+    assert_eq!(reshard.body["pointer"], "/shards", "{}", reshard.body);
+
+    // A rule through the API delivers events, with no restart.
+    let rule = api
+        .put(
+            RULE,
+            "/api/v1/buses/orders/rules/created",
+            file_rule(sluice, "created"),
+        )
+        .await;
+    assert_eq!(rule.status, 201, "{}", rule.body);
+    let rule_version = rule.body["version"].as_u64().unwrap();
+    wait_connector(&api, "orders/created/out").await;
+    post_typed(sluice, "orders", "o-1", "order.created").await;
+    post_typed(sluice, "orders", "o-2", "order.cancelled").await;
+    wait_ids(sluice, "created.jsonl", &["o-1"]).await;
+
+    // Validation: the configuration loader's, the field by JSON pointer.
+    let cases = [
+        (
+            json!({"targets": [{"type": "http", "name": "h", "url": "http://127.0.0.1:9/", "retry": {"max_attempts": "three"}}]}),
+            "/targets/0/retry/max_attempts",
+        ),
+        (
+            json!({"targets": [{"type": "log", "name": "l", "colour": "red"}]}),
+            "/targets/0/colour",
+        ),
+        (
+            json!({"targets": [{"type": "nope", "name": "l"}]}),
+            "/targets/0",
+        ),
+        (
+            json!({"pattern": {"data": {"price": [{"numeric": [">", "cheap"]}]}}, "targets": [{"type": "log", "name": "l"}]}),
+            "/pattern/data/price/0",
+        ),
+        (
+            json!({"filter": "type = ", "targets": [{"type": "log", "name": "l"}]}),
+            "/filter",
+        ),
+        (json!({"targets": []}), "/targets"),
+        (
+            json!({"targets": [{"type": "log", "name": "bad name"}]}),
+            "/targets/0/name",
+        ),
+        (
+            json!({"targets": [{"type": "bus", "name": "b", "bus": "missing"}]}),
+            "/targets/0",
+        ),
+        (
+            json!({"name": "other", "targets": [{"type": "log", "name": "l"}]}),
+            "/name",
+        ),
+    ];
+    for (body, pointer) in cases {
+        let answer = api
+            .put(RULE, "/api/v1/buses/orders/rules/bad", body.clone())
+            .await;
+        assert_eq!(answer.status, 400, "{body}: {}", answer.body);
+        assert_eq!(
+            answer.headers["content-type"], "application/problem+json",
+            "{body}"
+        );
+        let got = answer.body["pointer"].as_str().unwrap();
+        assert!(
+            got.starts_with(pointer),
+            "{body}: pointer {got}, want {pointer}: {}",
+            answer.body
+        );
+    }
+    let not_json = api
+        .call(
+            Method::PUT,
+            RULE,
+            "/api/v1/buses/orders/rules/bad",
+            None,
+            &[("content-type", "application/json")],
+        )
+        .await;
+    assert_eq!(not_json.status, 400);
+    let no_bus = api
+        .put(RULE, "/api/v1/buses/ghost/rules/r", file_rule(sluice, "r"))
+        .await;
+    assert_eq!(no_bus.status, 404);
+    let missing = api.get(RULE, "/api/v1/buses/orders/rules/ghost").await;
+    assert_eq!(missing.status, 404);
+
+    // Optimistic concurrency: a stale If-Match is 412; the current one wins.
+    let stale = format!("\"{}\"", rule_version - 1);
+    let current = format!("\"{rule_version}\"");
+    let answer = api
+        .call(
+            Method::PUT,
+            RULE,
+            "/api/v1/buses/orders/rules/created",
+            Some(file_rule(sluice, "created")),
+            &[("if-match", &stale)],
+        )
+        .await;
+    assert_eq!(answer.status, 412, "{}", answer.body);
+    // Unchanged: 200, same version.
+    let answer = api
+        .call(
+            Method::PUT,
+            RULE,
+            "/api/v1/buses/orders/rules/created",
+            Some(file_rule(sluice, "created")),
+            &[("if-match", &current)],
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body["version"].as_u64(), Some(rule_version));
+
+    // Concurrent replacements that all name the current version: exactly one wins.
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let body = json!({
+            "pattern": {"type": ["order.created"], "source": [format!("/writer-{i}")]},
+            "targets": [{"type": "log", "name": "out"}]
+        });
+        let client = api.client.clone();
+        let url = sluice.url("/api/v1/buses/orders/rules/created");
+        let current = current.clone();
+        tasks.push(tokio::spawn(async move {
+            client
+                .put(url)
+                .header("if-match", current)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }));
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap().as_u16());
+    }
+    statuses.sort_unstable();
+    assert_eq!(
+        statuses,
+        vec![200, 412, 412, 412, 412, 412],
+        "exactly one writer wins"
+    );
+
+    // Deleting a bus that has rules is refused; the rule, then the bus, can go.
+    let refused = api
+        .call(Method::DELETE, BUS, "/api/v1/buses/orders", None, &[])
+        .await;
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    assert!(refused.body["detail"]
+        .as_str()
+        .unwrap()
+        .contains("rule `created`"));
+    let gone = api
+        .call(
+            Method::DELETE,
+            RULE,
+            "/api/v1/buses/orders/rules/created",
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(gone.status, 204);
+    let again = api
+        .call(
+            Method::DELETE,
+            RULE,
+            "/api/v1/buses/orders/rules/created",
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(again.status, 404);
+    let gone = api
+        .call(
+            Method::DELETE,
+            BUS,
+            "/api/v1/buses/orders",
+            None,
+            &[("if-match", "*")],
+        )
+        .await;
+    assert_eq!(gone.status, 204, "{}", gone.body);
+    let rules = api
+        .get("/api/v1/buses/{bus}/rules", "/api/v1/buses/default/rules")
+        .await;
+    assert_eq!(rules.status, 200);
+
+    // Sources: validation, create, read, delete.
+    let bad = api
+        .put(
+            "/api/v1/sources/{source}",
+            "/api/v1/sources/mq",
+            json!({"type": "rocketmq", "bus": "default"}),
+        )
+        .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    let sources = api.get("/api/v1/sources", "/api/v1/sources").await;
+    assert_eq!(sources.status, 200);
+    let ghost = api
+        .get("/api/v1/sources/{source}", "/api/v1/sources/ghost")
+        .await;
+    assert_eq!(ghost.status, 404);
+
+    // Connectors, the cluster, the catalog, the rule test.
+    let connectors = api.get("/api/v1/connectors", "/api/v1/connectors").await;
+    assert_eq!(connectors.status, 200);
+    let one = &connectors.body["items"][0];
+    assert_eq!(
+        one["id"], "default/all-events/delivered",
+        "{}",
+        connectors.body
+    );
+    assert_eq!(one["tasks"].as_array().unwrap().len(), 4);
+    assert!(one["tasks"][0]["lag"].is_u64(), "{one}");
+    let connector = api
+        .get(
+            "/api/v1/connectors/{bus}/{rule}/{target}",
+            "/api/v1/connectors/default/all-events/delivered",
+        )
+        .await;
+    assert_eq!(connector.status, 200);
+    let pause = api
+        .call(
+            Method::POST,
+            "/api/v1/connectors/{bus}/{rule}/{target}/{action}",
+            "/api/v1/connectors/default/all-events/delivered/pause",
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(pause.status, 202);
+    let resume = api
+        .call(
+            Method::POST,
+            "/api/v1/connectors/{bus}/{rule}/{target}/tasks/{shard}/{action}",
+            "/api/v1/connectors/default/all-events/delivered/tasks/1/resume",
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(resume.status, 202);
+    let resume = api
+        .call(
+            Method::POST,
+            "/api/v1/connectors/{bus}/{rule}/{target}/{action}",
+            "/api/v1/connectors/default/all-events/delivered/resume",
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(resume.status, 202);
+    let unknown = api
+        .call(
+            Method::POST,
+            "/api/v1/connectors/{bus}/{rule}/{target}/{action}",
+            "/api/v1/connectors/default/all-events/delivered/explode",
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(unknown.status, 400);
+    let cluster = api.get("/api/v1/cluster", "/api/v1/cluster").await;
+    assert_eq!(cluster.status, 200);
+    assert_eq!(cluster.body["strategy"], "sorted-hash");
+    let catalog = api.get("/api/v1/catalog", "/api/v1/catalog").await;
+    assert_eq!(catalog.status, 200);
+
+    let event = json!({"specversion": "1.0", "id": "1", "source": "/s", "type": "order.created", "datacontenttype": "application/json", "data": {"total": 5}});
+    let test = api
+        .call(
+            Method::POST,
+            "/api/v1/rules/test",
+            "/api/v1/rules/test",
+            Some(json!({
+                "event": event,
+                "pattern": {"type": ["order.created"]},
+                "transform": [
+                    {"form": "SET_ATTRIBUTES", "attributes": {"subject": "$.data.total"}},
+                    {"form": "JSONPATH", "value": "$.subject"},
+                ]
+            })),
+            &[],
+        )
+        .await;
+    assert_eq!(test.status, 200, "{}", test.body);
+    assert_eq!(test.body["matched"], true);
+    assert_eq!(
+        test.body["steps"][0]["output"]["subject"], "5",
+        "{}",
+        test.body
+    );
+    assert_eq!(test.body["output"], 5, "{}", test.body);
+    let test = api
+        .call(
+            Method::POST,
+            "/api/v1/rules/test",
+            "/api/v1/rules/test",
+            Some(json!({"event": event, "filter": "type = 'x'"})),
+            &[],
+        )
+        .await;
+    assert_eq!(
+        (test.status, test.body["matched"].clone()),
+        (StatusCode::OK, json!(false))
+    );
+    let test = api
+        .call(
+            Method::POST,
+            "/api/v1/rules/test",
+            "/api/v1/rules/test",
+            Some(json!({"event": event, "rule": "default/all-events"})),
+            &[],
+        )
+        .await;
+    assert_eq!(test.body["matched"], true, "{}", test.body);
+    let test = api
+        .call(
+            Method::POST,
+            "/api/v1/rules/test",
+            "/api/v1/rules/test",
+            Some(json!({"event": event, "pattern": {"type": [{"numeric": 1}]}})),
+            &[],
+        )
+        .await;
+    assert_eq!(test.status, 400, "{}", test.body);
+    assert!(
+        test.body["pointer"]
+            .as_str()
+            .unwrap()
+            .starts_with("/pattern/type"),
+        "{}",
+        test.body
+    );
+
+    let doc = api
+        .get("/api/v1/openapi.json", "/api/v1/openapi.json")
+        .await;
+    assert_eq!(doc.status, 200);
+    assert_eq!(doc.body["openapi"], "3.1.0");
+}
+
+async fn wait_connector(api: &Api<'_>, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let answer = api.sluice_get(&format!("/api/v1/connectors/{id}")).await;
+        if answer.0 == 200
+            && answer.1["tasks"]
+                .as_array()
+                .is_some_and(|t| t.iter().all(|t| t["state"] == "RUNNING"))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id} is not running: {}",
+            answer.1
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Api<'_> {
+    /// Unrecorded GET (polling).
+    async fn sluice_get(&self, path: &str) -> (u16, Value) {
+        let mut request = self.client.get(self.sluice.url(path));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resources_crud_validation_and_concurrency_standalone() {
+    let sluice = Sluice::builder().durability("os").start().await;
+    let recorder = Recorder::default();
+    crud_and_validation(&sluice, &recorder).await;
+    check_openapi(&recorder, "standalone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resources_crud_validation_and_concurrency_distributed() {
+    let (url, prefix) = shared_redis("admin-crud");
+    let sluice = Sluice::builder()
+        .durability("os")
+        .distributed(&url, &prefix)
+        .start()
+        .await;
+    let recorder = Recorder::default();
+    crud_and_validation(&sluice, &recorder).await;
+    check_openapi(&recorder, "distributed");
+}
+
+/// A rule created through one replica runs on the other within 2 s; restarting a replica
+/// with its original file (which lacks the rule) does not roll it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_made_on_one_replica_runs_on_the_other_and_survives_a_restart_with_the_old_file() {
+    let (url, prefix) = shared_redis("admin-replicas");
+    let a = Sluice::builder()
+        .durability("os")
+        .distributed(&url, &prefix)
+        .shards(2)
+        .start()
+        .await;
+    let mut b = Sluice::builder()
+        .durability("os")
+        .distributed(&url, &prefix)
+        .shards(2)
+        .start()
+        .await;
+    a.wait_members(2).await;
+    let recorder = Recorder::default();
+    let api_a = api(&a, &recorder);
+    // The file target writes where replica b can see it: b's data directory.
+    let rule = json!({
+        "pattern": {"type": ["made.by.api"]},
+        "targets": [{"type": "file", "name": "out", "path": b.data_dir().join("api.jsonl").to_string_lossy()}]
+    });
+    let t0 = Instant::now();
+    let created = api_a
+        .put(RULE, "/api/v1/buses/default/rules/from-api", rule)
+        .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    loop {
+        let api_b = api(&b, &recorder);
+        let (status, _) = api_b
+            .sluice_get("/api/v1/connectors/default/from-api/out")
+            .await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "replica b did not take the rule within 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    post_typed(&b, "default", "api-1", "made.by.api").await;
+    wait_ids(&b, "api.jsonl", &["api-1"]).await;
+
+    // b restarts with its file, which never had the rule: the catalog keeps it.
+    b.terminate();
+    b.restart().await;
+    assert!(
+        b.log().contains("differ from the catalog"),
+        "the start-up says the file differs"
+    );
+    let api_b = api(&b, &recorder);
+    let (status, body) = api_b
+        .sluice_get("/api/v1/buses/default/rules/from-api")
+        .await;
+    assert_eq!(status, 200, "{body}");
+    post_typed(&b, "default", "api-2", "made.by.api").await;
+    wait_ids(&b, "api.jsonl", &["api-1", "api-2"]).await;
+}
+
+/// Standalone: the catalog lives in the data directory and outlives a restart too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_catalog_survives_a_restart_with_the_original_file() {
+    let mut sluice = Sluice::builder().durability("os").start().await;
+    let recorder = Recorder::default();
+    let api = api(&sluice, &recorder);
+    let created = api
+        .put(BUS, "/api/v1/buses/extra", json!({"shards": 1}))
+        .await;
+    assert_eq!(created.status, 201);
+    sluice.terminate();
+    sluice.restart().await;
+    let api = self::api(&sluice, &recorder);
+    let read = api.get(BUS, "/api/v1/buses/extra").await;
+    assert_eq!(read.status, 200, "{}", read.body);
+    post_typed(&sluice, "extra", "e-1", "t").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_credentials() {
+    let token = "s3cret-admin-token";
+    let hash = {
+        let out = std::process::Command::new(sluice_bin())
+            .args(["ctl", "hash-token", token])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    assert!(hash.starts_with("sha256:"), "{hash}");
+    let sluice = Sluice::builder()
+        .extra(&format!("[admin]\ntokens = [\"{hash}\"]\n"))
+        .start()
+        .await;
+    let recorder = Recorder::default();
+    let mut api = api(&sluice, &recorder);
+    let none = api.get("/api/v1/buses", "/api/v1/buses").await;
+    assert_eq!(none.status, 401);
+    assert_eq!(none.headers["content-type"], "application/problem+json");
+    assert!(none.headers.contains_key("www-authenticate"));
+    api.token = Some("wrong".to_string());
+    let bad = api.get("/api/v1/buses", "/api/v1/buses").await;
+    assert_eq!(bad.status, 401);
+    // The old aliases are guarded too.
+    let alias = api.get("/admin/cluster", "/admin/cluster").await;
+    assert_eq!(alias.status, 401);
+    api.token = Some(token.to_string());
+    let good = api.get("/api/v1/buses", "/api/v1/buses").await;
+    assert_eq!(good.status, 200);
+    // Open: the OpenAPI document and the scaling signal (read by autoscalers).
+    api.token = None;
+    assert_eq!(
+        api.get("/api/v1/openapi.json", "/api/v1/openapi.json")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        api.get("/api/v1/scaling", "/api/v1/scaling").await.status,
+        200
+    );
+    check_openapi(&recorder, "auth");
+
+    // SLUICE_ADMIN_TOKEN works for the server and for ctl.
+    let env = Sluice::builder()
+        .env("SLUICE_ADMIN_TOKEN", token)
+        .start()
+        .await;
+    let out = ctl(&env, &["get", "buses"], Some(token));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = ctl(&env, &["get", "buses"], Some("nope"));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("401"));
+}
+
+/// A separate admin address: the admin API is there and not on the ingress address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_listen_serves_the_admin_api_apart_from_ingress() {
+    let port = free_port();
+    let sluice = Sluice::builder()
+        .extra(&format!("[admin]\nlisten = \"127.0.0.1:{port}\"\n"))
+        .start()
+        .await;
+    let on_ingress = reqwest::get(sluice.url("/api/v1/buses")).await.unwrap();
+    assert_eq!(on_ingress.status(), 404);
+    let on_admin = reqwest::get(format!("http://127.0.0.1:{port}/api/v1/buses"))
+        .await
+        .unwrap();
+    assert_eq!(on_admin.status(), 200);
+    // Events still go to the ingress address.
+    post_typed(&sluice, "default", "i-1", "t").await;
+}
+
+fn ctl(sluice: &Sluice, args: &[&str], token: Option<&str>) -> std::process::Output {
+    let mut command = std::process::Command::new(sluice_bin());
+    command
+        .arg("ctl")
+        .arg("--server")
+        .arg(sluice.url(""))
+        .args(args);
+    command.env_remove("SLUICE_ADMIN_TOKEN");
+    if let Some(token) = token {
+        command.env("SLUICE_ADMIN_TOKEN", token);
+    }
+    command.output().unwrap()
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "ctl failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_apply_is_idempotent_prunes_and_dry_runs() {
+    let sluice = Sluice::builder().durability("os").start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("channels.toml");
+    let out_path = sluice.data_dir().join("gitops.jsonl");
+    let channels = format!(
+        "[[buses]]\nname = \"default\"\nshards = 4\n\n[[buses]]\nname = \"gitops\"\nshards = 2\n\n\
+         [[rules]]\nname = \"all\"\nbus = \"gitops\"\n[[rules.targets]]\ntype = \"file\"\nname = \"out\"\npath = \"{}\"\n",
+        out_path.display()
+    );
+    std::fs::write(&file, &channels).unwrap();
+    let f = file.to_str().unwrap();
+
+    let dry = stdout(&ctl(&sluice, &["apply", "-f", f, "--dry-run"], None));
+    assert!(dry.contains("bus/gitops created (dry run)"), "{dry}");
+    let first = stdout(&ctl(&sluice, &["apply", "-f", f], None));
+    assert!(first.contains("bus/gitops created"), "{first}");
+    assert!(first.contains("rule/gitops/all created"), "{first}");
+    assert!(first.contains("bus/default unchanged"), "{first}");
+    let second = stdout(&ctl(&sluice, &["apply", "-f", f], None));
+    assert!(
+        !second.contains("created") && !second.contains("updated"),
+        "idempotent: {second}"
+    );
+    // The applied rule runs.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    post_typed(&sluice, "gitops", "g-1", "t").await;
+    wait_ids(&sluice, "gitops.jsonl", &["g-1"]).await;
+
+    // Without --prune, what the file lacks stays; with it, it goes.
+    let kept = stdout(&ctl(&sluice, &["apply", "-f", f], None));
+    assert!(!kept.contains("deleted"), "{kept}");
+    let listed = stdout(&ctl(&sluice, &["get", "rules", "default"], None));
+    assert!(listed.contains("all-events"), "{listed}");
+    let pruned = stdout(&ctl(&sluice, &["apply", "-f", f, "--prune"], None));
+    assert!(
+        pruned.contains("rule/default/all-events deleted"),
+        "{pruned}"
+    );
+    let listed = stdout(&ctl(&sluice, &["get", "rules", "default"], None));
+    assert!(!listed.contains("all-events"), "{listed}");
+
+    // An invalid file changes nothing and says where.
+    std::fs::write(
+        &file,
+        channels.replace("type = \"file\"", "type = \"file\"\nretry = 3"),
+    )
+    .unwrap();
+    let bad = ctl(&sluice, &["apply", "-f", f], None);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("400") && err.contains("/rules/0/targets/0"),
+        "{err}"
+    );
+
+    // describe, pause/resume, test-rule, delete.
+    let described = stdout(&ctl(&sluice, &["describe", "rule", "gitops/all"], None));
+    assert!(described.contains("gitops/all/out"), "{described}");
+    stdout(&ctl(&sluice, &["pause", "gitops/all/out"], None));
+    stdout(&ctl(
+        &sluice,
+        &["resume", "gitops/all/out", "--task", "1"],
+        None,
+    ));
+    let event = dir.path().join("event.json");
+    std::fs::write(
+        &event,
+        r#"{"specversion":"1.0","id":"1","source":"/s","type":"t"}"#,
+    )
+    .unwrap();
+    let tested = stdout(&ctl(
+        &sluice,
+        &[
+            "test-rule",
+            "--event",
+            event.to_str().unwrap(),
+            "--rule",
+            "gitops/all",
+        ],
+        None,
+    ));
+    assert!(tested.contains("\"matched\": true"), "{tested}");
+    let refused = ctl(&sluice, &["delete", "bus", "gitops"], None);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("409"));
+    stdout(&ctl(&sluice, &["delete", "rule", "gitops/all"], None));
+    stdout(&ctl(&sluice, &["delete", "bus", "gitops"], None));
+}
+
+/// The OpenAPI document is a valid OpenAPI 3.1 description and documents exactly the
+/// routes of `api.rs` and `admin.rs`; the shipped configurations validate against the
+/// configuration's JSON Schema.
+#[test]
+fn the_openapi_document_matches_the_routes_and_the_config_schema_the_configs() {
+    for args in [&["--routes"][..], &["--config-schema"][..]] {
+        let out = std::process::Command::new(python())
+            .arg(repo_root().join("tests/scripts/check_openapi.py"))
+            .args(args)
+            .current_dir(repo_root())
+            .output()
+            .expect("run check_openapi.py");
+        assert!(
+            out.status.success(),
+            "check_openapi.py {args:?}:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Replay of a time range into one rule while live traffic continues: exactly the events
+/// accepted in the range come again, marked `sluicereplay`, to that rule only; live events
+/// are delivered once, unmarked.
+async fn replay_a_time_range(sluice: &Sluice) {
+    let recorder = Recorder::default();
+    let api = api(sluice, &recorder);
+    let rule = |name: &str| json!({"targets": [{"type": "file", "name": "out", "path": sluice.data_dir().join(format!("{name}.jsonl")).to_string_lossy()}]});
+    assert_eq!(
+        api.put(
+            BUS,
+            "/api/v1/buses/archive",
+            json!({"shards": 2, "retention": "1h"})
+        )
+        .await
+        .status,
+        201
+    );
+    assert_eq!(
+        api.put(RULE, "/api/v1/buses/archive/rules/main", rule("main"))
+            .await
+            .status,
+        201
+    );
+    assert_eq!(
+        api.put(RULE, "/api/v1/buses/archive/rules/other", rule("other"))
+            .await
+            .status,
+        201
+    );
+    wait_connector(&api, "archive/main/out").await;
+    wait_connector(&api, "archive/other/out").await;
+    let ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    let ids_of = |prefix: &str| (0..6).map(|i| format!("{prefix}-{i}")).collect::<Vec<_>>();
+    let before = ids_of("before");
+    for id in &before {
+        post_typed(sluice, "archive", id, "t").await;
+    }
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let from = ms();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let inside = ids_of("inside");
+    for id in &inside {
+        post_typed(sluice, "archive", id, "t").await;
+    }
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let to = ms();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let after = ids_of("after");
+    for id in &after {
+        post_typed(sluice, "archive", id, "t").await;
+    }
+    let all: Vec<&str> = before
+        .iter()
+        .chain(&inside)
+        .chain(&after)
+        .map(String::as_str)
+        .collect();
+    wait_ids(sluice, "main.jsonl", &all).await;
+
+    // Bad requests name the field.
+    for (body, pointer) in [
+        (json!({"from": from}), "/rule"),
+        (json!({"rule": "ghost"}), "/rule"),
+        (json!({"rule": "main", "target": "ghost"}), "/target"),
+        (json!({"rule": "main", "from": "yesterday"}), "/from"),
+        (json!({"rule": "main", "from": to, "to": from}), "/to"),
+        (
+            json!({"rule": "main", "positions": {"9": [0, 1]}}),
+            "/positions/9",
+        ),
+    ] {
+        let answer = api
+            .call(
+                Method::POST,
+                "/api/v1/buses/{bus}/replays",
+                "/api/v1/buses/archive/replays",
+                Some(body.clone()),
+                &[],
+            )
+            .await;
+        assert_eq!(answer.status, 400, "{body}: {}", answer.body);
+        assert_eq!(answer.body["pointer"], pointer, "{body}: {}", answer.body);
+    }
+
+    let started = api
+        .call(
+            Method::POST,
+            "/api/v1/buses/{bus}/replays",
+            "/api/v1/buses/archive/replays",
+            Some(json!({"rule": "main", "from": from, "to": to})),
+            &[],
+        )
+        .await;
+    assert_eq!(started.status, 202, "{}", started.body);
+    let id = started.body["id"].as_str().unwrap().to_string();
+    // Live traffic meanwhile.
+    let live = ids_of("live");
+    for id in &live {
+        post_typed(sluice, "archive", id, "t").await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        let status = api
+            .get(
+                "/api/v1/buses/{bus}/replays/{replay}",
+                &format!("/api/v1/buses/archive/replays/{id}"),
+            )
+            .await;
+        assert_eq!(status.status, 200, "{}", status.body);
+        if status.body["state"] != "RUNNING" {
+            break status.body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replay did not end: {}",
+            status.body
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status["state"], "COMPLETED", "{status}");
+    assert_eq!(status["matched"], 6, "{status}");
+    assert_eq!(status["delivered"], 6, "{status}");
+    let all_live: Vec<&str> = all
+        .iter()
+        .copied()
+        .chain(live.iter().map(String::as_str))
+        .collect();
+    wait_ids(sluice, "main.jsonl", &all_live).await;
+    let main = read_jsonl(&sluice.data_dir().join("main.jsonl"));
+    let replayed: Vec<&Value> = main
+        .iter()
+        .filter(|e| e.get("sluicereplay").is_some())
+        .collect();
+    let mut replayed_ids: Vec<String> = replayed
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect();
+    replayed_ids.sort();
+    let mut want = inside.clone();
+    want.sort();
+    assert_eq!(
+        replayed_ids, want,
+        "exactly the events accepted in the range, once"
+    );
+    assert!(replayed.iter().all(|e| e["sluicereplay"] == id.as_str()));
+    let unmarked = main
+        .iter()
+        .filter(|e| e.get("sluicereplay").is_none())
+        .count();
+    assert_eq!(unmarked, all_live.len(), "live delivery once each");
+    // The other rule got nothing replayed.
+    let other = read_jsonl(&sluice.data_dir().join("other.jsonl"));
+    assert!(other.iter().all(|e| e.get("sluicereplay").is_none()));
+    let list = api
+        .get(
+            "/api/v1/buses/{bus}/replays",
+            "/api/v1/buses/archive/replays",
+        )
+        .await;
+    assert_eq!(list.body["items"][0]["id"], id.as_str());
+    check_openapi(&recorder, "replay");
+
+    // ctl replay by positions' worth: the whole range before `from`, waited for.
+    let out = stdout(&ctl(
+        sluice,
+        &[
+            "replay",
+            "archive/main",
+            "--target",
+            "out",
+            "--to",
+            &from.to_string(),
+            "--wait",
+        ],
+        None,
+    ));
+    assert!(
+        out.contains("COMPLETED") && out.contains("\"delivered\": 6"),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_of_a_time_range_into_one_rule_standalone() {
+    let sluice = Sluice::builder().durability("os").start().await;
+    replay_a_time_range(&sluice).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_of_a_time_range_into_one_rule_distributed() {
+    let (url, prefix) = shared_redis("admin-replay");
+    let sluice = Sluice::builder()
+        .durability("os")
+        .distributed(&url, &prefix)
+        .start()
+        .await;
+    replay_a_time_range(&sluice).await;
+}
