@@ -353,10 +353,16 @@ async fn replay_all(
 /// One record as the subscription would deliver it, marked as replayed; `None` when the
 /// rule does not take it.
 fn replayed(sub: &Subscription, record: &crate::store::Record, id: &str) -> Option<Envelope> {
-    let mut event = crate::ingress::cloudevent::decode(&record.payload).ok()?;
+    let event = crate::ingress::cloudevent::decode(&record.payload).ok()?;
     if !sub.filter.matches(&event) {
         return None;
     }
+    marked(sub, event, id)
+}
+
+/// The event as the subscription delivers it (its transform chain applied), marked with
+/// the replay's id.
+pub fn marked(sub: &Subscription, mut event: cloudevents::Event, id: &str) -> Option<Envelope> {
     event.set_extension(REPLAY_EXTENSION, ExtensionValue::String(id.to_string()));
     let (raw, event, body) = match &sub.transform {
         None => (

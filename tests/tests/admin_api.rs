@@ -1058,6 +1058,96 @@ async fn replay_a_time_range(sluice: &Sluice) {
         )
         .await;
     assert_eq!(list.body["items"][0]["id"], id.as_str());
+
+    // Recent events, newest first, with their delivery state per subscription.
+    // (Positions are committed every 50 ms: poll until the state shows it.)
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let recent = loop {
+        let recent = api
+            .get(
+                "/api/v1/buses/{bus}/events",
+                "/api/v1/buses/archive/events?limit=5",
+            )
+            .await;
+        assert_eq!(recent.status, 200, "{}", recent.body);
+        let all_delivered = recent.body["items"].as_array().is_some_and(|i| {
+            i.iter()
+                .all(|i| i["subscriptions"]["main/out"] == "delivered")
+        });
+        if all_delivered || Instant::now() > deadline {
+            break recent;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let items = recent.body["items"].as_array().unwrap().clone();
+    assert_eq!(items.len(), 5);
+    assert!(
+        items
+            .iter()
+            .all(|i| i["event"]["id"].as_str().unwrap().starts_with("live-")),
+        "{}",
+        recent.body
+    );
+    assert!(
+        items
+            .iter()
+            .all(|i| i["subscriptions"]["main/out"] == "delivered"),
+        "{}",
+        recent.body
+    );
+    assert!(items
+        .windows(2)
+        .all(|w| w[0]["accepted_ms"].as_u64() >= w[1]["accepted_ms"].as_u64()));
+    let bad = api
+        .get(
+            "/api/v1/buses/{bus}/events",
+            "/api/v1/buses/archive/events?limit=0",
+        )
+        .await;
+    assert_eq!(bad.status, 400);
+
+    // Redelivery of one event (a dead letter's extensions removed) to one rule only.
+    let mut letter = items[0]["event"].clone();
+    letter["deadletterreason"] = json!("503 from the receiver");
+    let again = api
+        .call(
+            Method::POST,
+            "/api/v1/buses/{bus}/rules/{rule}/redeliver",
+            "/api/v1/buses/archive/rules/main/redeliver",
+            Some(json!({"event": letter})),
+            &[],
+        )
+        .await;
+    assert_eq!(again.status, 202, "{}", again.body);
+    let redelivery = again.body["id"].as_str().unwrap().to_string();
+    let path = sluice.data_dir().join("main.jsonl");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found: Vec<Value> = read_jsonl(&path)
+            .into_iter()
+            .filter(|e| e["sluicereplay"] == redelivery.as_str())
+            .collect();
+        if let Some(e) = found.first() {
+            assert_eq!(e["id"], letter["id"]);
+            assert!(e.get("deadletterreason").is_none(), "{e}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the redelivered event never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ghost = api
+        .call(
+            Method::POST,
+            "/api/v1/buses/{bus}/rules/{rule}/redeliver",
+            "/api/v1/buses/archive/rules/ghost/redeliver",
+            Some(json!({"event": letter})),
+            &[],
+        )
+        .await;
+    assert_eq!(ghost.status, 404);
     check_openapi(&recorder, "replay");
 
     // ctl replay by positions' worth: the whole range before `from`, waited for.
