@@ -95,6 +95,7 @@ pub struct Metrics {
     pub delivery_duration: HistogramFamily<SubscriptionLabels>,
     pub event_latency: HistogramFamily<SubscriptionLabels>,
     pub lag_events: Family<SubscriptionShardLabels, Gauge>,
+    pub lag_seconds: Family<SubscriptionShardLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     task_state: Family<TaskLabels, Gauge>,
     task_states: Mutex<HashMap<String, TaskLabels>>,
     pub leases_held: Gauge,
@@ -227,6 +228,13 @@ impl Metrics {
             Unit::Seconds,
             event_latency.clone(),
         );
+        let lag_seconds = Family::default();
+        r.register_with_unit(
+            "subscription_lag",
+            "Age of the oldest event of a shard a subscription has not delivered yet (0 when caught up), on the replica running the shard",
+            Unit::Seconds,
+            lag_seconds.clone(),
+        );
         let lag_events = Family::default();
         r.register(
             "subscription_lag_events",
@@ -276,6 +284,7 @@ impl Metrics {
             delivery_duration,
             event_latency,
             lag_events,
+            lag_seconds,
             task_state,
             task_states: Mutex::new(HashMap::new()),
             leases_held,
@@ -357,6 +366,20 @@ impl Metrics {
 
     pub fn lag(&self, subscription: &str, shard: u32) -> Gauge {
         self.lag_events
+            .get_or_create(&SubscriptionShardLabels {
+                subscription: subscription.to_string(),
+                shard: shard.to_string(),
+            })
+            .clone()
+    }
+
+    /// Age of the oldest undelivered event, in seconds.
+    pub fn lag_seconds(
+        &self,
+        subscription: &str,
+        shard: u32,
+    ) -> Gauge<f64, std::sync::atomic::AtomicU64> {
+        self.lag_seconds
             .get_or_create(&SubscriptionShardLabels {
                 subscription: subscription.to_string(),
                 shard: shard.to_string(),

@@ -179,9 +179,36 @@ async fn metrics_count_requests_appends_deliveries_and_report_lag_and_tasks() {
         assert!(Instant::now() < deadline, "lag never reached 5");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // In seconds: the age of the oldest event not delivered, growing while paused.
+    let lag_seconds = || async {
+        let text = client
+            .get(sluice.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| l.starts_with("sluice_subscription_lag_seconds{") && l.contains(sub))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .fold(0.0f64, f64::max)
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while lag_seconds().await < 1.5 {
+        assert!(
+            Instant::now() < deadline,
+            "lag in seconds never grew past 1.5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        lag_seconds().await < 60.0,
+        "the age is that of the paused events"
+    );
     assert_eq!(admin("resume").await.unwrap().status(), 202);
     let deadline = Instant::now() + Duration::from_secs(15);
-    while lag().await != 0.0 {
+    while lag().await != 0.0 || lag_seconds().await != 0.0 {
         assert!(Instant::now() < deadline, "lag never went back to 0");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

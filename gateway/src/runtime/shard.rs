@@ -94,7 +94,14 @@ struct Shared {
     cluster: Arc<dyn Cluster>,
     valid_until: Arc<AtomicU64>,
     stop: watch::Receiver<bool>,
+    /// (seq, acceptance time) of the first record of recent batches the reader handed
+    /// out, oldest first: how old the event at a position is, for lanes that hold none of
+    /// it in memory (paused, catching up).
+    accepted: Mutex<VecDeque<(Seq, u64)>>,
 }
+
+/// Samples of acceptance times kept per shard.
+const ACCEPTED_SAMPLES: usize = 4096;
 
 /// Guarded by one lock: the reader holds it while it hands out one batch, and a lane takes
 /// it to attach again, so no record is handed out between "not attached" and "attached".
@@ -127,6 +134,8 @@ struct LaneState {
     queued: usize,
     /// The first sequence number of the delivery in progress (and one past its last).
     in_flight: Option<(Seq, Seq)>,
+    /// The acceptance time of the first event of that delivery (0: none, or not known).
+    in_flight_accepted: u64,
     /// Whether a lane task is running (only while there is work).
     running: bool,
     /// Bumped by pause, restart and replacement: a delivery in flight under an older epoch
@@ -165,6 +174,7 @@ impl Lane {
                 queue: VecDeque::new(),
                 queued: 0,
                 in_flight: None,
+                in_flight_accepted: 0,
                 running: false,
                 epoch: 0,
                 failed: false,
@@ -238,6 +248,7 @@ impl ShardTask {
             cluster: self.cluster.clone(),
             valid_until: self.valid_until.clone(),
             stop: self.stop.clone(),
+            accepted: Mutex::new(VecDeque::new()),
         });
         let reports = shared.apply_control(&control, true);
         let mut statuses = vec![(self.id.clone(), State::Running, None)];
@@ -413,16 +424,39 @@ impl Shared {
         self.changes.fetch_add(1, Ordering::Release);
     }
 
-    /// Sets each lane's lag gauge: the shard's end minus the lane's position.
+    /// Sets each lane's lag gauges: the shard's end minus the lane's position, and the age
+    /// of the oldest event it has not delivered (exact for what it holds in memory, else
+    /// from the acceptance times sampled as the reader went: at most one batch older).
     fn report_lag(&self) {
         let d = lock(&self.dispatch);
         let end = *d.bus.log.tail(self.shard).borrow();
         let metrics = crate::metrics::get();
+        let now = crate::store::now_ms();
+        let samples = lock(&self.accepted);
         for lane in &d.lanes {
-            let p = Lane::position(&lock(&lane.state), d.cursor);
+            let st = lock(&lane.state);
+            let p = Lane::position(&st, d.cursor);
+            let behind = end.saturating_sub(p);
             metrics
                 .lag(&lane.sub.id, self.shard)
-                .set(i64::try_from(end.saturating_sub(p)).unwrap_or(i64::MAX));
+                .set(i64::try_from(behind).unwrap_or(i64::MAX));
+            let oldest = if behind == 0 {
+                None
+            } else if st.in_flight_accepted > 0 {
+                Some(st.in_flight_accepted)
+            } else if let Some(q) = st.queue.front().filter(|q| q.envelope.accepted_ms > 0) {
+                Some(q.envelope.accepted_ms)
+            } else {
+                // The sample at or before the position, else the oldest one there is.
+                samples
+                    .iter()
+                    .rev()
+                    .find(|(seq, _)| *seq <= p)
+                    .or_else(|| samples.front())
+                    .map(|(_, t)| *t)
+            };
+            let age = oldest.map_or(0.0, |t| now.saturating_sub(t) as f64 / 1000.0);
+            metrics.lag_seconds(&lane.sub.id, self.shard).set(age);
         }
     }
 
@@ -431,6 +465,7 @@ impl Shared {
         let metrics = crate::metrics::get();
         for lane in &d.lanes {
             metrics.lag(&lane.sub.id, self.shard).set(0);
+            metrics.lag_seconds(&lane.sub.id, self.shard).set(0.0);
         }
     }
 
@@ -461,6 +496,13 @@ impl Shared {
         let Some(last) = records.last().map(|r| r.seq) else {
             return;
         };
+        if let Some(first) = records.first().filter(|r| r.accepted_ms > 0) {
+            let mut samples = lock(&self.accepted);
+            samples.push_back((first.seq, first.accepted_ms));
+            if samples.len() > ACCEPTED_SAMPLES {
+                samples.pop_front();
+            }
+        }
         let mut d = lock(&self.dispatch);
         let bus = d.bus.clone();
         let limit = self.delivery.batch_size * LANE_QUEUE_BATCHES;
@@ -1022,6 +1064,7 @@ impl LaneTask {
             let first = items.first().map_or(0, |q| q.seq);
             let end = items.last().map_or(0, |q| q.seq + 1);
             st.in_flight = Some((first, end));
+            st.in_flight_accepted = items.first().map_or(0, |q| q.envelope.accepted_ms);
             return Some(Work::Queued {
                 items,
                 epoch: st.epoch,
@@ -1043,6 +1086,7 @@ impl LaneTask {
         let mut st = lock(&self.lane.state);
         if st.in_flight.map(|(f, _)| f) == Some(first) {
             st.in_flight = None;
+            st.in_flight_accepted = 0;
         }
         if done {
             // Paused (or replaced) while this was in flight: it went through after all, so
@@ -1073,6 +1117,7 @@ impl LaneTask {
             return Ok(true);
         };
         self.reader = Some((reader, last + 1));
+        let first_accepted = records.first().map_or(0, |r| r.accepted_ms);
         let events = self.select(records);
         {
             let mut st = lock(&self.lane.state);
@@ -1080,11 +1125,13 @@ impl LaneTask {
                 return Ok(true);
             }
             st.in_flight = Some((next, last + 1));
+            st.in_flight_accepted = first_accepted;
         }
         let done = self.deliver(&events, epoch).await;
         {
             let mut st = lock(&self.lane.state);
             st.in_flight = None;
+            st.in_flight_accepted = 0;
             if done && st.epoch == epoch {
                 if let Mode::CatchingUp { next: n } = &mut st.mode {
                     *n = last + 1;
