@@ -277,6 +277,9 @@ def resolve_env(container, workload, by_kind, problems, overlay):
         if "secretKeyRef" in source:
             ref = source["secretKeyRef"]
             secret = secrets.get(ref["name"])
+            if ref.get("optional") and secret is None:
+                # An optional Secret the operator creates (the admin token): not set here.
+                continue
             if secret is None or ref["key"] not in (secret.get("data") or {}):
                 problems.append(f"overlay {overlay}: {var['name']} refers to Secret {ref['name']} key {ref['key']}, not in this build")
                 continue
