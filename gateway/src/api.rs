@@ -960,13 +960,7 @@ async fn apply(
                 // Checked like a real apply, without writing.
                 if let Some(next) = &attempted {
                     if let Err(invalid) = catalog::check_change(&done.snapshot.channels, next) {
-                        let at = key_of(next, invalid.kind, invalid.index).unwrap_or_default();
-                        return Problem::invalid_resource(
-                            &invalid.pointer,
-                            format!("{at}: {}", invalid.message),
-                        )
-                        .with_extra("resource", json!(at))
-                        .into_response();
+                        return applied_invalid(next, &file, &invalid).into_response();
                     }
                 }
             }
@@ -978,17 +972,47 @@ async fn apply(
             }))
             .into_response()
         }
-        Err(ChangeError::Invalid(invalid)) => {
-            let at = attempted
-                .as_ref()
-                .and_then(|c| key_of(c, invalid.kind, invalid.index))
-                .unwrap_or_default();
-            Problem::invalid_resource(&invalid.pointer, format!("{at}: {}", invalid.message))
-                .with_extra("resource", json!(at))
-                .into_response()
-        }
+        Err(ChangeError::Invalid(invalid)) => match &attempted {
+            Some(next) => applied_invalid(next, &file, &invalid).into_response(),
+            None => Problem::invalid_resource("", invalid.message).into_response(),
+        },
         Err(e) => change_problem(e, Kind::Bus, "", None).into_response(),
     }
+}
+
+/// A refused apply: the pointer is into the request body (`/rules/2/targets/0/...`) when
+/// the resource at fault is one of the body's, else empty; `resource` names it either way.
+fn applied_invalid(next: &Channels, body: &Channels, invalid: &crate::config::Invalid) -> Problem {
+    let at = key_of(next, invalid.kind, invalid.index).unwrap_or_default();
+    let (list, keys): (&str, Vec<String>) = match invalid.kind {
+        Kind::Bus => (
+            "buses",
+            body.buses
+                .iter()
+                .map(|b| catalog::bus_key(b.name.get_ref()))
+                .collect(),
+        ),
+        Kind::Rule => (
+            "rules",
+            body.rules
+                .iter()
+                .map(|r| catalog::rule_key(r.bus.get_ref(), r.name.get_ref()))
+                .collect(),
+        ),
+        Kind::Source => (
+            "sources",
+            body.sources
+                .iter()
+                .map(|s| catalog::source_key(s.name()))
+                .collect(),
+        ),
+    };
+    let pointer = match keys.iter().position(|k| *k == at) {
+        Some(i) => format!("/{list}/{i}{}", invalid.pointer),
+        None => String::new(),
+    };
+    Problem::invalid_resource(&pointer, format!("{at}: {}", invalid.message))
+        .with_extra("resource", json!(at))
 }
 
 /// The catalog after applying `file` to `current`, and what happened to each resource.

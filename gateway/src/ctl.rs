@@ -31,7 +31,7 @@ pub(crate) struct Ctl {
 #[derive(Subcommand)]
 enum CtlCommand {
     /// Make the catalog hold a file's buses, rules and sources (TOML, as in the
-    /// configuration file, or JSON). Idempotent; prints created / updated / unchanged per
+    /// configuration file, YAML with the same fields (`.yaml`, `.yml`), or JSON). Idempotent; prints created / updated / unchanged per
     /// resource.
     Apply {
         #[arg(long, short = 'f')]
@@ -170,8 +170,14 @@ fn read_json(what: &str, path: &Path) -> anyhow::Result<Value> {
 fn resources(path: &Path) -> anyhow::Result<Value> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let all: Value = if path.extension().is_some_and(|e| e == "json") {
+    let extension = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    let all: Value = if extension == "json" {
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?
+    } else if matches!(extension, "yaml" | "yml") {
+        // YAML 1.2 booleans only: a rule named `y` or `no` stays a string.
+        let options = serde_saphyr::options! { strict_booleans: true };
+        serde_saphyr::from_str_with_options(&text, options)
+            .map_err(|e| anyhow::anyhow!("{} is not YAML: {e}", path.display()))?
     } else {
         let table: toml::Table =
             toml::from_str(&text).with_context(|| format!("{} is not TOML", path.display()))?;

@@ -839,6 +839,32 @@ async fn ctl_apply_is_idempotent_prunes_and_dry_runs() {
         "{err}"
     );
 
+    // YAML with the same fields.
+    let yaml = dir.path().join("more.yaml");
+    std::fs::write(
+        &yaml,
+        "buses:\n  - name: from-yaml\n    shards: 1\n    retention: 1h\nrules:\n  - name: y\n    bus: from-yaml\n    pattern:\n      type: [a.b]\n    targets:\n      - type: log\n        name: l\n",
+    )
+    .unwrap();
+    let applied = stdout(&ctl(
+        &sluice,
+        &["apply", "-f", yaml.to_str().unwrap()],
+        None,
+    ));
+    assert!(
+        applied.contains("bus/from-yaml created") && applied.contains("rule/from-yaml/y created"),
+        "{applied}"
+    );
+    std::fs::write(&yaml, "buses: [{name: bad name}]\n").unwrap();
+    let bad = ctl(&sluice, &["apply", "-f", yaml.to_str().unwrap()], None);
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("/buses/0/name"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    stdout(&ctl(&sluice, &["delete", "rule", "from-yaml/y"], None));
+    stdout(&ctl(&sluice, &["delete", "bus", "from-yaml"], None));
+
     // describe, pause/resume, test-rule, delete.
     let described = stdout(&ctl(&sluice, &["describe", "rule", "gitops/all"], None));
     assert!(described.contains("gitops/all/out"), "{described}");
