@@ -373,6 +373,16 @@ impl Metrics {
             .clone()
     }
 
+    /// Drops the lag series of a subscription's shard (the subscription was removed).
+    pub fn forget_lag(&self, subscription: &str, shard: u32) {
+        let labels = SubscriptionShardLabels {
+            subscription: subscription.to_string(),
+            shard: shard.to_string(),
+        };
+        self.lag_events.remove(&labels);
+        self.lag_seconds.remove(&labels);
+    }
+
     /// Age of the oldest undelivered event, in seconds.
     pub fn lag_seconds(
         &self,

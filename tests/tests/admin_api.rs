@@ -643,6 +643,9 @@ async fn a_rule_made_on_one_replica_runs_on_the_other_and_survives_a_restart_wit
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // A new rule starts at the end of each shard once the replica running the shard has it:
+    // post once every shard runs it.
+    b.wait_states("default/from-api/out#", "RUNNING", 2).await;
     post_typed(&b, "default", "api-1", "made.by.api").await;
     wait_ids(&b, "api.jsonl", &["api-1"]).await;
 

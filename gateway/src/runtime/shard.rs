@@ -118,6 +118,25 @@ struct Lane {
     /// `{bus}/{rule}/{target}#{shard}`: status, pause and restart of this part.
     id: String,
     state: Mutex<LaneState>,
+    /// Its lag gauges (events, seconds), looked up once.
+    gauges: std::sync::OnceLock<LagGauges>,
+}
+
+struct LagGauges {
+    events: prometheus_client::metrics::gauge::Gauge,
+    seconds: prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
+}
+
+impl Lane {
+    fn gauges(&self, shard: u32) -> &LagGauges {
+        self.gauges.get_or_init(|| {
+            let metrics = crate::metrics::get();
+            LagGauges {
+                events: metrics.lag(&self.sub.id, shard),
+                seconds: metrics.lag_seconds(&self.sub.id, shard),
+            }
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +188,7 @@ impl Lane {
         Arc::new(Lane {
             id,
             sub,
+            gauges: std::sync::OnceLock::new(),
             state: Mutex::new(LaneState {
                 mode,
                 queue: VecDeque::new(),
@@ -430,16 +450,14 @@ impl Shared {
     fn report_lag(&self) {
         let d = lock(&self.dispatch);
         let end = *d.bus.log.tail(self.shard).borrow();
-        let metrics = crate::metrics::get();
         let now = crate::store::now_ms();
         let samples = lock(&self.accepted);
         for lane in &d.lanes {
             let st = lock(&lane.state);
             let p = Lane::position(&st, d.cursor);
             let behind = end.saturating_sub(p);
-            metrics
-                .lag(&lane.sub.id, self.shard)
-                .set(i64::try_from(behind).unwrap_or(i64::MAX));
+            let gauges = lane.gauges(self.shard);
+            gauges.events.set(i64::try_from(behind).unwrap_or(i64::MAX));
             let oldest = if behind == 0 {
                 None
             } else if st.in_flight_accepted > 0 {
@@ -456,16 +474,16 @@ impl Shared {
                     .map(|(_, t)| *t)
             };
             let age = oldest.map_or(0.0, |t| now.saturating_sub(t) as f64 / 1000.0);
-            metrics.lag_seconds(&lane.sub.id, self.shard).set(age);
+            gauges.seconds.set(age);
         }
     }
 
     fn clear_lag(&self) {
         let d = lock(&self.dispatch);
-        let metrics = crate::metrics::get();
         for lane in &d.lanes {
-            metrics.lag(&lane.sub.id, self.shard).set(0);
-            metrics.lag_seconds(&lane.sub.id, self.shard).set(0.0);
+            let gauges = lane.gauges(self.shard);
+            gauges.events.set(0);
+            gauges.seconds.set(0.0);
         }
     }
 
@@ -754,6 +772,7 @@ impl Shared {
         for lane in old.values() {
             tracing::info!(lane = %lane.id, "the subscription was removed");
             self.retire(lane, cursor);
+            crate::metrics::get().forget_lag(&lane.sub.id, self.shard);
         }
         d.bus = bus;
         d.lanes = lanes;
