@@ -961,3 +961,48 @@ type = {{ value = "com.example.order.created" }}
     let ok = events.iter().find(|e| e["id"] == "ok-1").unwrap();
     assert_eq!(ok["data"], serde_json::from_str::<Value>(good).unwrap());
 }
+
+/// Each API key of a bus gets its own bucket (`auth.rate_limit`): one key over its limit is
+/// refused while another key of the same bus still gets through.
+#[tokio::test]
+async fn each_api_key_of_a_bus_has_its_own_rate_limit() {
+    let bus = sluice_tests::bus_to_file("keyed").replace(
+        "shards = 1\n",
+        "shards = 1\nauth = { keys = [\"key-a\", \"key-b\"], rate_limit = { per_second = 0.2, burst = 2 } }\n",
+    );
+    let sluice = Sluice::builder().extra(&bus).start().await;
+    let client = reqwest::Client::new();
+    let url = sluice.url("/buses/keyed/events");
+    let send = |key: &'static str, id: String| {
+        sluice_tests::binary(&client, &url, &id, "{}")
+            .header("x-api-key", key)
+            .send()
+    };
+    let mut statuses = Vec::new();
+    for i in 0..3 {
+        statuses.push(send("key-a", format!("a-{i}")).await.unwrap());
+    }
+    let codes: Vec<u16> = statuses.iter().map(|r| r.status().as_u16()).collect();
+    assert_eq!(codes, [202, 202, 429], "key a: a burst of 2");
+    let refused = statuses.pop().unwrap();
+    assert!(refused.headers().contains_key("retry-after"));
+    let problem: Value = refused.json().await.unwrap();
+    assert_eq!(problem["field"], "auth.rate_limit", "{problem}");
+    for i in 0..2 {
+        let r = send("key-b", format!("b-{i}")).await.unwrap();
+        assert_eq!(r.status(), 202, "key b has its own bucket");
+    }
+    let r = send("key-c", "c-0".to_string()).await.unwrap();
+    assert_eq!(
+        r.status(),
+        403,
+        "an unknown key is refused before any bucket"
+    );
+    let delivered = sluice_tests::wait_jsonl(
+        &sluice.data_dir().join("keyed.jsonl"),
+        Duration::from_secs(10),
+        |e| e.len() >= 4,
+    )
+    .await;
+    assert_eq!(ids(&delivered), ["a-0", "a-1", "b-0", "b-1"]);
+}

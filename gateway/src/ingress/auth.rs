@@ -11,16 +11,28 @@ use subtle::ConstantTimeEq as _;
 use crate::problem::Problem;
 
 /// `auth = { keys = [...] }` on a bus.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
     #[serde(serialize_with = "ser_keys")]
     pub keys: Vec<String>,
+    /// Opt-in: requests per second each key may send (a token bucket per key, shared by the
+    /// cluster), besides the bus's own `rate_limit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<crate::ingress::ratelimit::RateLimitConfig>,
 }
 
-/// The digests of the accepted keys.
+/// The digests of the accepted keys, and the limit of each key.
 #[derive(Debug, Clone)]
-pub struct KeySet(Vec<[u8; 32]>);
+pub struct KeySet {
+    digests: Vec<[u8; 32]>,
+    pub per_key: Option<crate::ingress::ratelimit::RateLimitConfig>,
+}
+
+/// The key a request was accepted with: a name for its rate-limit bucket (part of the
+/// key's digest, never the key).
+#[derive(Debug, Clone)]
+pub struct Accepted(pub String);
 
 fn digest(key: &[u8]) -> [u8; 32] {
     sha2::Sha256::digest(key).into()
@@ -62,6 +74,9 @@ impl AuthConfig {
         if self.keys.is_empty() {
             return Err("auth.keys is empty".to_string());
         }
+        if let Some(limit) = &self.rate_limit {
+            limit.check().map_err(|m| format!("auth.{m}"))?;
+        }
         let mut out = Vec::new();
         for (i, key) in self.keys.iter().enumerate() {
             let field = format!("auth.keys[{i}]");
@@ -82,7 +97,10 @@ impl AuthConfig {
                 out.push(digest(key.as_bytes()));
             }
         }
-        Ok(KeySet(out))
+        Ok(KeySet {
+            digests: out,
+            per_key: self.rate_limit,
+        })
     }
 }
 
@@ -109,8 +127,8 @@ impl Refused {
 }
 
 impl KeySet {
-    /// Whether the request carries one of the keys.
-    pub fn check(&self, headers: &HeaderMap) -> Result<(), Refused> {
+    /// Whether the request carries one of the keys; which one.
+    pub fn check(&self, headers: &HeaderMap) -> Result<Accepted, Refused> {
         let bearer = headers
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -125,11 +143,11 @@ impl KeySet {
         };
         let given = digest(given);
         let mut ok = false;
-        for accepted in &self.0 {
+        for accepted in &self.digests {
             ok |= bool::from(accepted.ct_eq(&given));
         }
         if ok {
-            Ok(())
+            Ok(Accepted(hex(&given[..8])))
         } else {
             Err(Refused::Wrong(field))
         }
@@ -148,6 +166,7 @@ mod tests {
                 "clear-key".to_string(),
                 format!("sha256:{}", hex(&digest(b"hashed-key"))),
             ],
+            rate_limit: None,
         };
         let stored = toml::to_string(&config).unwrap();
         assert!(!stored.contains("clear-key"), "{stored}");
@@ -164,6 +183,7 @@ mod tests {
         assert!(keys.check(&h).is_ok());
         let bad = AuthConfig {
             keys: vec!["env:SLUICE_UNSET_KEY_VAR".to_string()],
+            rate_limit: None,
         };
         assert!(bad.resolve().unwrap_err().contains("auth.keys[0]"));
     }

@@ -462,8 +462,18 @@ async fn handle_events(state: Arc<IngressState>, bus: String, request: Request) 
         return Problem::unknown_bus(&bus).into_response();
     };
     if let Some(keys) = state.bus_auth(&bus) {
-        if let Err(refused) = keys.check(request.headers()) {
-            return refused.problem().into_response();
+        match keys.check(request.headers()) {
+            Ok(key) => {
+                if let Some(limit) = &keys.per_key {
+                    if let Err(problem) = state
+                        .rate_limit(&format!("key/{bus}/{}", key.0), "auth.rate_limit", limit)
+                        .await
+                    {
+                        return problem.into_response();
+                    }
+                }
+            }
+            Err(refused) => return refused.problem().into_response(),
         }
     }
     let limit = state
