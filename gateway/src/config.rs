@@ -72,6 +72,9 @@ pub struct Config {
     /// The admin API (`/api/v1`): its credentials and, optionally, its own address.
     #[serde(default)]
     pub admin: AdminConfig,
+    /// The admin API's own address: the same as `admin.listen` (one or the other).
+    #[serde(default)]
+    pub admin_listen: Option<SocketAddr>,
     #[serde(default)]
     pub buses: Vec<BusConfig>,
     #[serde(default)]
@@ -1015,6 +1018,7 @@ pub const ENV_KEYS: &[&str] = &[
     "redis_url",
     "redis_prefix",
     "worker_id",
+    "admin_listen",
 ];
 
 impl Config {
@@ -1040,6 +1044,17 @@ impl Config {
                 .to_string(),
         })?;
         config.base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        match (config.admin_listen, config.admin.listen) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    line: find_line(text, "admin_listen"),
+                    message: "give `admin_listen` or `admin.listen`, not both".to_string(),
+                })
+            }
+            (Some(addr), None) => config.admin.listen = Some(addr),
+            _ => {}
+        }
         Ok(config)
     }
 
@@ -1073,6 +1088,13 @@ impl Config {
                 "redis_url" => self.redis_url = Some(value),
                 "redis_prefix" => self.redis_prefix = value,
                 "worker_id" => self.worker_id = Some(value),
+                "admin_listen" => {
+                    self.admin.listen = Some(
+                        value
+                            .parse()
+                            .map_err(|e| bad(format!("`{value}` is not a socket address: {e}")))?,
+                    )
+                }
                 // Read by the CLI itself and by the admin API, not configuration keys.
                 "config" | "admin_token" | "server" => {}
                 _ => unknown.push(var.clone()),

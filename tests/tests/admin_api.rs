@@ -759,6 +759,24 @@ async fn admin_listen_serves_the_admin_api_apart_from_ingress() {
     assert_eq!(on_admin.status(), 200);
     // Events still go to the ingress address.
     post_typed(&sluice, "default", "i-1", "t").await;
+
+    // The same through SLUICE_ADMIN_LISTEN (the top-level key `admin_listen`).
+    let port = free_port();
+    let env = Sluice::builder()
+        .env("SLUICE_ADMIN_LISTEN", &format!("127.0.0.1:{port}"))
+        .start()
+        .await;
+    let on_admin = reqwest::get(format!("http://127.0.0.1:{port}/api/v1/cluster"))
+        .await
+        .unwrap();
+    assert_eq!(on_admin.status(), 200);
+    assert_eq!(
+        reqwest::get(env.url("/api/v1/cluster"))
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
 }
 
 fn ctl(sluice: &Sluice, args: &[&str], token: Option<&str>) -> std::process::Output {
