@@ -12,7 +12,7 @@ APT_UPDATED := $(CACHE)/.apt-updated
 ROCKETMQ_DIR := $(CACHE)/rocketmq-1.0.0
 export SLUICE_ROCKETMQ_BIN ?= $(ROCKETMQ_DIR)/bin
 
-.PHONY: run test lint fmt build bench bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq infra-check infra-tools clean help
+.PHONY: console-check run test lint fmt build bench bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq infra-check infra-tools clean help
 
 help:
 	@echo "make run    - start the gateway standalone with sluice.example.toml (http://127.0.0.1:8080)"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench  - ingest benchmark against the baseline, the functions benchmarks, and target throughput"
 	@echo "make rocketmq - build the RocketMQ name server and broker for the tests (once, into the cache)"
 	@echo "make infra-check - validate infra/ (Dockerfile, compose file, Kubernetes manifests); part of make test"
+	@echo "make console-check - the web console in a real browser (Debian Chromium + playwright-core); not part of make test"
 
 run: build
 	./target/debug/sluice serve --config sluice.example.toml
@@ -119,6 +120,20 @@ $(VENV)/.webhook-sdks: $(VENV)/.installed
 $(VENV)/.openapi: $(VENV)/.installed tests/scripts/requirements-openapi.txt
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -r tests/scripts/requirements-openapi.txt
 	touch $@
+
+# The web console in a real browser: playwright-core (npm, into the cache) driving Debian's
+# Chromium against a gateway started here on a scratch data directory. Installs what is
+# missing (Chromium, Node's npm package); takes about a minute once installed.
+CONSOLE_TOOLS := $(CACHE)/console
+console-check: build
+	$(call apt_install,chromium,chromium)
+	$(call apt_install,npm,npm)
+	@mkdir -p $(CONSOLE_TOOLS) && cd $(CONSOLE_TOOLS) && { [ -d node_modules/playwright-core ] || npm install --silent --no-audit --no-fund playwright-core@1; }
+	@data=$$(mktemp -d); port=18080; \
+	./target/debug/sluice serve --config sluice.example.toml --data-dir $$data --listen 127.0.0.1:$$port & pid=$$!; \
+	for i in $$(seq 50); do curl -sf http://127.0.0.1:$$port/readyz >/dev/null && break; sleep 0.2; done; \
+	( cd $(CONSOLE_TOOLS) && node $(CURDIR)/tests/console/smoke.mjs http://127.0.0.1:$$port $$data ); rc=$$?; \
+	kill $$pid; wait $$pid 2>/dev/null; rm -rf $$data; exit $$rc
 
 # rocketmq-namesrv-rust and rocketmq-broker-rust, into the cache, only when missing.
 rocketmq:

@@ -127,7 +127,9 @@ pub fn routes(state: Arc<IngressState>) -> Router {
     let open = Router::new()
         .route("/api/v1/openapi.json", get(openapi))
         .route("/api/v1/scaling", get(crate::scaling::handler))
-        .with_state(state.clone());
+        .with_state(state.clone())
+        // The console's files are open; it asks for the admin token when the API does.
+        .merge(crate::console::routes());
     let guarded = Router::new()
         .route("/api/v1/catalog", get(get_catalog))
         .route("/api/v1/catalog/apply", post(apply))

@@ -12,6 +12,7 @@ pub mod api;
 pub mod app;
 pub mod catalog;
 pub mod config;
+pub mod console;
 pub mod ingress;
 pub mod metrics;
 pub mod problem;

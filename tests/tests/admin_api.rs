@@ -1233,3 +1233,64 @@ async fn replay_of_a_time_range_into_one_rule_distributed() {
         .await;
     replay_a_time_range(&sluice).await;
 }
+
+/// The console is served by the gateway, offline (its files compiled in), next to the
+/// admin API it uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_is_served_next_to_the_admin_api() {
+    let sluice = Sluice::builder().start().await;
+    let client = Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let redirect = client.get(sluice.url("/console")).send().await.unwrap();
+    assert!(redirect.status().is_redirection());
+    let page = client.get(sluice.url("/console/")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    assert!(page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .contains("default-src 'self'"));
+    let html = page.text().await.unwrap();
+    assert!(html.contains("app.js"), "{html}");
+    let js = client
+        .get(sluice.url("/console/app.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(js.status(), 200);
+    assert!(js.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .contains("javascript"));
+    let missing = client
+        .get(sluice.url("/console/nope.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    assert_eq!(
+        missing.headers()["content-type"],
+        "application/problem+json"
+    );
+
+    // With the admin API on its own address, the console is there (it calls /api/v1 on its
+    // own origin) and not on the ingress address.
+    let port = free_port();
+    let apart = Sluice::builder()
+        .extra(&format!("[admin]\nlisten = \"127.0.0.1:{port}\"\n"))
+        .start()
+        .await;
+    let there = client
+        .get(format!("http://127.0.0.1:{port}/console/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(there.status(), 200);
+    let not_here = client.get(apart.url("/console/")).send().await.unwrap();
+    assert_eq!(not_here.status(), 404);
+}

@@ -101,6 +101,7 @@ async fn dead_letter_on_4xx_without_retry() {
     assert_eq!(dead[0]["deadletterstatus"], "400");
     assert_eq!(dead[0]["deadletterattempts"], 1);
     assert_eq!(dead[0]["deadletterrule"], "hook");
+    assert_eq!(dead[0]["deadletterconnector"], "default/hook/hook");
     let target = dead[0]["deadlettertarget"].as_str().unwrap();
     assert!(
         target.contains(&receiver.url("/"))

@@ -488,6 +488,8 @@ impl Delivery {
         );
         letter.set_extension("deadletterrule", self.rule.clone());
         letter.set_extension("deadlettertarget", self.target.describe());
+        // `bus/rule/target`: where to redeliver it (POST .../rules/{rule}/redeliver).
+        letter.set_extension("deadletterconnector", self.subscription.clone());
     }
 }
 
