@@ -345,7 +345,21 @@ async fn probes_answer_while_the_request_limit_is_saturated() {
         .limits("max_concurrent_requests = 2\nrequest_timeout = \"60s\"")
         .start()
         .await;
-    let _slow = [slow_request(&sluice).await, slow_request(&sluice).await];
+    // Each must hold a slot: one that was itself shed (answered at once, as can happen on a
+    // loaded machine when the two race) is opened again.
+    let mut slow = Vec::new();
+    for _ in 0..20 {
+        if slow.len() == 2 {
+            break;
+        }
+        let stream = slow_request(&sluice).await;
+        let mut first = [0u8; 1];
+        match tokio::time::timeout(Duration::from_millis(300), stream.peek(&mut first)).await {
+            Err(_) => slow.push(stream),
+            Ok(_) => continue,
+        }
+    }
+    assert_eq!(slow.len(), 2, "two requests hold the two slots");
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()
