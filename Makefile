@@ -21,7 +21,7 @@ help:
 	@echo "make bench  - ingest benchmark against the baseline, the functions benchmarks, and target throughput"
 	@echo "make rocketmq - build the RocketMQ name server and broker for the tests (once, into the cache)"
 	@echo "make infra-check - validate infra/ (Dockerfile, compose file, Kubernetes manifests); part of make test"
-	@echo "make console-check - the web console in a real browser (Debian Chromium + playwright-core); not part of make test"
+	@echo "make console-check - the web console in a real browser (Debian Chromium + playwright-core); part of make test"
 
 run: build
 	./target/debug/sluice serve --config sluice.example.toml
@@ -35,6 +35,7 @@ test: tools venv redis rocketmq infra-tools
 	$(CARGO) build --workspace --bins
 	$(MAKE) --no-print-directory infra-check
 	$(CARGO) nextest run --workspace --no-fail-fast
+	$(MAKE) --no-print-directory console-check
 
 lint:
 	$(CARGO) fmt --all -- --check
@@ -122,18 +123,48 @@ $(VENV)/.openapi: $(VENV)/.installed tests/scripts/requirements-openapi.txt
 	touch $@
 
 # The web console in a real browser: playwright-core (npm, into the cache) driving Debian's
-# Chromium against a gateway started here on a scratch data directory. Installs what is
-# missing (Chromium, Node's npm package); takes about a minute once installed.
+# Chromium against two gateways in distributed mode (the machine's Redis, a prefix of their
+# own, each replica with its own port and scratch data directory; member and lease TTL 3 s),
+# so the test can kill the second one and watch its tasks move. Installs what is missing
+# (Chromium, npm, playwright-core); screenshots go to target/console-screenshots/. The
+# gateways, the temporary directory and the Redis keys are removed however it ends.
 CONSOLE_TOOLS := $(CACHE)/console
-console-check: build
+CONSOLE_SHOTS := target/console-screenshots
+console-check: redis
+	$(CARGO) build --workspace --bins
 	$(call apt_install,chromium,chromium)
 	$(call apt_install,npm,npm)
 	@mkdir -p $(CONSOLE_TOOLS) && cd $(CONSOLE_TOOLS) && { [ -d node_modules/playwright-core ] || npm install --silent --no-audit --no-fund playwright-core@1; }
-	@data=$$(mktemp -d); port=18080; \
-	./target/debug/sluice serve --config sluice.example.toml --data-dir $$data --listen 127.0.0.1:$$port & pid=$$!; \
-	for i in $$(seq 50); do curl -sf http://127.0.0.1:$$port/readyz >/dev/null && break; sleep 0.2; done; \
-	( cd $(CONSOLE_TOOLS) && node $(CURDIR)/tests/console/smoke.mjs http://127.0.0.1:$$port $$data ); rc=$$?; \
-	kill $$pid; wait $$pid 2>/dev/null; rm -rf $$data; exit $$rc
+	@mkdir -p $(CONSOLE_SHOTS) && rm -f $(CONSOLE_SHOTS)/console-*.png; \
+	tmp=$$(mktemp -d); pids=""; prefix="sluice-console-$$$$-$$(date +%s)"; \
+	mine() { grep -qsF "$$tmp/sluice.toml" /proc/$$1/cmdline; }; \
+	cleanup() { \
+		for p in $$pids; do mine $$p && kill $$p; done; \
+		for p in $$pids; do for t in $$(seq 50); do mine $$p || break; sleep 0.1; done; mine $$p && kill -9 $$p; done; \
+		redis-cli -h 127.0.0.1 -p 6379 --scan --pattern "$$prefix:*" | xargs -r -n 500 redis-cli -h 127.0.0.1 -p 6379 del >/dev/null; \
+		rm -rf "$$tmp"; \
+	}; \
+	trap cleanup EXIT; trap 'exit 130' INT TERM; \
+	free_port() { while :; do p=$$((20000 + RANDOM % 20000)); (exec 3<>/dev/tcp/127.0.0.1/$$p) 2>/dev/null || { echo $$p; return; }; done; }; \
+	port1=$$(free_port); port2=$$(free_port); while [ $$port2 = $$port1 ]; do port2=$$(free_port); done; \
+	printf '%s\n' 'mode = "distributed"' 'redis_url = "redis://127.0.0.1:6379/"' "redis_prefix = \"$$prefix\"" \
+		'durability = "os"' 'log = "warn"' '[cluster]' 'member_ttl = "3s"' 'lease_ttl = "3s"' \
+		'[[buses]]' 'name = "default"' 'shards = 2' \
+		'[[rules]]' 'name = "all-events"' 'bus = "default"' \
+		'[[rules.targets]]' 'type = "file"' 'name = "delivered"' 'path = "{data_dir}/delivered.jsonl"' \
+		'[[webhooks]]' 'name = "console-hook"' 'bus = "default"' 'verify = { preset = "none" }' > $$tmp/sluice.toml; \
+	for i in 1 2; do \
+		port=$$([ $$i = 1 ] && echo $$port1 || echo $$port2); mkdir -p $$tmp/data-$$i; \
+		( ./target/debug/sluice serve --config $$tmp/sluice.toml --data-dir $$tmp/data-$$i --listen 127.0.0.1:$$port >$$tmp/gateway-$$i.log 2>&1 & echo $$! >$$tmp/pid-$$i ); \
+		pid=$$(cat $$tmp/pid-$$i); pids="$$pids $$pid"; eval "pid$$i=$$pid"; \
+		for t in $$(seq 100); do curl -sf http://127.0.0.1:$$port/readyz >/dev/null && break; sleep 0.1; done; \
+		curl -sf http://127.0.0.1:$$port/readyz >/dev/null || { echo "gateway $$i did not start:"; cat $$tmp/gateway-$$i.log; exit 1; }; \
+	done; \
+	start=$$(date +%s); \
+	( cd $(CONSOLE_TOOLS) && node $(CURDIR)/tests/console/smoke.mjs http://127.0.0.1:$$port1 http://127.0.0.1:$$port2 $$pid2 $(CURDIR)/$(CONSOLE_SHOTS) ); rc=$$?; \
+	echo "console-check: $$([ $$rc = 0 ] && echo passed || echo FAILED) in $$(( $$(date +%s) - start )) s (browser run); screenshots in $(CONSOLE_SHOTS)/"; \
+	if [ $$rc != 0 ]; then for i in 1 2; do echo "--- gateway $$i (last lines)"; tail -n 30 $$tmp/gateway-$$i.log; done; fi; \
+	exit $$rc
 
 # rocketmq-namesrv-rust and rocketmq-broker-rust, into the cache, only when missing.
 rocketmq:

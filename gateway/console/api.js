@@ -129,6 +129,21 @@ export const catalog = () => get("catalog");
 export const connectors = () => get("connectors");
 export const cluster = () => get("cluster");
 
+/** This replica's webhook sources (read-only: they come from its configuration file). */
+export const webhooks = () => get("webhooks");
+
+/** The source connectors of the catalog (RocketMQ). */
+export const sources = () => get("sources");
+
+export const getSource = (name) => request("GET", `sources/${seg(name)}`);
+
+/** Replaces a source (`If-Match: version`), or creates it (`version` null: `If-None-Match: *`). */
+export const putSource = (name, body, version) =>
+  request("PUT", `sources/${seg(name)}`, {
+    body,
+    headers: version === null || version === undefined ? { "If-None-Match": "*" } : { "If-Match": `"${version}"` },
+  });
+
 export const getRule = (bus, rule) => request("GET", `buses/${seg(bus)}/rules/${seg(rule)}`);
 
 /** Creates (`version` null: `If-None-Match: *`) or replaces (`If-Match: version`) a rule. */

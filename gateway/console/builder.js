@@ -1,6 +1,10 @@
-// The builder: a rule drawn as a channel (source → filter → transform steps → targets) on
+// The builder: a rule drawn as a channel (sources → filter → transform steps → targets) on
 // a canvas, edited node by node in a side form, checked as you type by a dry-run apply,
 // saved with If-Match, and tried out on a sample event (POST /api/v1/rules/test).
+//
+// The sources are everything that stores events on the bus: its ingress, the webhook
+// sources of this replica (read-only) and the RocketMQ sources of the catalog (edited in
+// their own form, saved apart from the rule with PUT /api/v1/sources/{name}).
 //
 // Everything the mouse does has a keyboard way: each palette item has an Add button (the
 // node goes after the selected one), nodes are buttons (arrow keys move them, Delete
@@ -10,12 +14,22 @@ import * as api from "./api.js";
 import { announce, append, button, clip, confirmDialog, field, h, keyed, notice, replace, select, setFieldError, setText, svg, uid } from "./dom.js";
 import { badge, brief, count, duration, json, time } from "./format.js";
 import { RETRY_FIELDS, STEP_FIELDS, TARGET_FIELDS, displayValue, parseValue } from "./fields.js";
-import { BODY_FORMS, Graph, LOCAL_TARGETS, NAME_PATTERN, STEP_FORMS, STEP_INFO, TARGET_INFO, TARGET_TYPES, clone, getPath, label, newStep, newTarget, setPath } from "./graph.js";
+import { BODY_FORMS, Graph, LOCAL_TARGETS, NAME_PATTERN, STEP_FORMS, STEP_INFO, TARGET_INFO, TARGET_TYPES, canonical, clone, getPath, label, newStep, newTarget, setPath } from "./graph.js";
 
 const DRAG_TYPE = "application/x-sluice-node";
 const VALIDATE_DELAY = 400;
 const COLUMN = 240;
 const ROW = 104;
+
+/** The settings of a RocketMQ source its form edits (the name and the bus are fixed). */
+const ROCKETMQ_SOURCE_FIELDS = [
+  { key: "name_server", label: "Name server", required: true, placeholder: "host:9876", hint: "host:port, or several separated by ;" },
+  { key: "topic", label: "Topic", required: true, hint: "The topic consumed into the bus." },
+  { key: "consumer_group", label: "Consumer group", placeholder: "sluice-source-{name}", hint: "Empty: sluice-source-{name}." },
+  { key: "tasks", label: "Tasks", integer: true, placeholder: "1", hint: "The topic's queues are spread over this many tasks (1 to 1024)." },
+  { key: "wrap_type", label: "Type of wrapped messages", placeholder: "org.apache.rocketmq.message", hint: "The CloudEvent type of a message that is not a CloudEvent." },
+  { key: "wrap_source", label: "Source of wrapped messages", placeholder: "rocketmq://{topic}", hint: "Empty: rocketmq://{topic}." },
+];
 
 const SAMPLE_EVENT = {
   specversion: "1.0",
@@ -33,9 +47,17 @@ export async function renderBuilder(root, { bus, rule }, app) {
   replace(root, h("div", { class: "view-loading" }, notice("loading", "Loading the channel…")));
   let catalog;
   let connectors = [];
+  let webhooks = [];
+  let sources = null;
   let loaded = null;
   try {
-    [catalog, connectors] = await Promise.all([api.catalog(), api.connectors().then((c) => c.items, () => [])]);
+    // The webhook sources and the source list are extras: the builder works without them.
+    [catalog, connectors, webhooks, sources] = await Promise.all([
+      api.catalog(),
+      api.connectors().then((c) => c.items, () => []),
+      api.webhooks().then((w) => w?.items || [], () => []),
+      api.sources().then((s) => s?.items || null, () => null),
+    ]);
     if (rule) loaded = (await api.getRule(bus, rule)).data;
   } catch (err) {
     if (err.isAuth) return null;
@@ -47,13 +69,17 @@ export async function renderBuilder(root, { bus, rule }, app) {
     replace(root, notice("error", `There is no bus ${bus}`, "It may have been deleted.", h("a", { href: "#/channels", class: "button", text: "Back to channels" })));
     return null;
   }
-  const builder = new Builder(root, app, { bus, busResource, catalog, connectors, rule: loaded });
+  const feeders = [
+    ...webhooks.filter((w) => w?.bus === bus).map((w) => ({ type: "webhook", name: w.name, preset: w.preset, path: w.path || `/webhooks/${w.name}` })),
+    ...(sources || catalog.sources || []).filter((s) => s?.bus === bus),
+  ];
+  const builder = new Builder(root, app, { bus, busResource, catalog, connectors, rule: loaded, feeders });
   builder.render();
   return builder;
 }
 
 class Builder {
-  constructor(root, app, { bus, busResource, catalog, connectors, rule }) {
+  constructor(root, app, { bus, busResource, catalog, connectors, rule, feeders = [] }) {
     this.root = root;
     this.app = app;
     this.bus = bus;
@@ -62,7 +88,11 @@ class Builder {
     this.connectors = new Map(connectors.map((c) => [c.id, c]));
     this.ruleName = rule?.name || "";
     this.version = rule ? rule.version : null;
-    this.graph = Graph.fromRule(bus, rule);
+    this.graph = Graph.fromRule(bus, rule, feeders);
+    /** Source node id → its state as saved (RocketMQ sources: edited apart from the rule). */
+    this.savedSources = new Map(this.graph.sources().filter((n) => n.data.type === "rocketmq").map((n) => [n.id, clone(n.data)]));
+    /** Source node id → {field key: message} of its form. */
+    this.sourceErrors = new Map();
     this.selected = this.graph.filter.id;
     /** node id → {field key: message} of settings that do not parse. */
     this.invalid = new Map();
@@ -89,7 +119,9 @@ class Builder {
 
   /** The app asks before navigating away. */
   leaveWarning() {
-    return this.dirty ? "The channel has changes that are not saved. Leave the builder anyway?" : null;
+    if (this.dirty) return "The channel has changes that are not saved. Leave the builder anyway?";
+    const source = this.graph.sources().find((n) => this.sourceChanged(n));
+    return source ? `Source ${source.data.name} has changes that are not saved. Leave the builder anyway?` : null;
   }
 
   destroy() {
@@ -354,6 +386,7 @@ class Builder {
     const status = el.querySelector(".node__status");
     status.replaceChildren();
     if (mark) status.append(h("span", { class: `test-mark test-mark--${mark.state}`, title: mark.text, text: mark.short }));
+    if (node.kind === "source" && this.sourceChanged(node)) status.append(h("span", { class: "badge badge--warn", title: "Its settings have changes that are not saved", text: "not saved" }));
     if (node.kind === "target" && !this.isNew) {
       const connector = this.connectors.get(`${this.bus}/${this.ruleName}/${node.data.name}`);
       if (connector) status.append(badge(connector.state, { title: `${connector.reason ? `${connector.reason} · ` : ""}${count(connector.lag)} events behind` }));
@@ -639,19 +672,204 @@ class Builder {
   }
 
   sourceForm(body, node) {
+    const d = node.data;
+    if (d.type === "webhook") this.webhookForm(body, node);
+    else if (d.type === "rocketmq") this.rocketmqForm(body, node);
+    else if (d.type && d.type !== "ingress") body.append(h("p", { class: "muted", text: `A ${d.type} source: not editable here.` }), h("pre", { class: "code", text: json(d) }));
+    else this.ingressForm(body);
+    body.append(this.feedersList(node));
+  }
+
+  ingressForm(body) {
     const b = this.busResource;
     append(body, [
       h(
         "dl",
         { class: "facts" },
-        fact("Bus", clip(node.data.bus)),
+        fact("Bus", clip(b.name)),
         fact("Shards", count(b.shards)),
         fact("Retention", b.retention ? duration(b.retention) : "none (events go once every subscription passed them)"),
         fact("Deduplication", b.dedup_window ? duration(b.dedup_window) : "off"),
-        fact("Producers post to", clip(`/buses/${b.name}/events`)),
+        fact("Producers post to", clip(`POST /buses/${b.name}/events`)),
       ),
       h("p", {}, h("a", { href: `#/events/${encodeURIComponent(b.name)}`, text: "Recent events of this bus" })),
     ]);
+  }
+
+  webhookForm(body, node) {
+    const d = node.data;
+    append(body, [
+      h(
+        "dl",
+        { class: "facts" },
+        fact("Webhook source", clip(d.name)),
+        fact("Into bus", clip(d.bus)),
+        fact("Verified by", d.preset ? h("code", { text: d.preset }) : "—"),
+        fact("Providers post to", clip(`POST ${d.path}`)),
+        fact("Events' source", clip(d.path)),
+      ),
+      h("p", { class: "callout source-hint" }, "Read-only: webhook sources come from each replica's configuration file (", h("code", { text: "[[webhooks]]" }), "), so give every replica the same. Their secrets are never shown."),
+    ]);
+  }
+
+  /** A RocketMQ source's settings, saved apart from the rule (PUT /api/v1/sources/{name}, If-Match). */
+  rocketmqForm(body, node) {
+    const d = node.data;
+    const saved = this.savedSources.get(node.id);
+    const errors = this.sourceErrors.get(node.id) || {};
+    this.sourceErrors.set(node.id, errors);
+    const form = h("form", { class: "source-form", novalidate: true, "aria-label": `RocketMQ source ${d.name}` });
+    const status = h("p", { class: "source-form__status", role: "status" });
+    const saveButton = h("button", { type: "submit", class: "button button--primary", text: "Save source" });
+    const undoButton = button("Undo changes", () => {
+      node.data = clone(saved);
+      this.sourceErrors.delete(node.id);
+      this.renderCanvas();
+      this.renderInspector();
+      announce(`Changes to source ${d.name} undone.`);
+    }, { class: "button" });
+    const refresh = () => {
+      const changed = this.sourceChanged(node);
+      saveButton.disabled = !changed;
+      undoButton.disabled = !changed;
+      setText(status, changed ? "Changed: not saved yet" : `Saved · version ${saved?.version ?? "—"}`);
+      status.dataset.state = changed ? "changed" : "saved";
+    };
+    const wrappers = {};
+    for (const spec of ROCKETMQ_SOURCE_FIELDS) {
+      const value = d[spec.key];
+      const control = h("input", {
+        class: "input",
+        type: "text",
+        autocomplete: "off",
+        spellcheck: "false",
+        inputmode: spec.integer ? "numeric" : undefined,
+        placeholder: spec.placeholder,
+        required: Boolean(spec.required),
+        value: errors[spec.key]?.raw ?? (value === undefined || value === null ? "" : String(value)),
+        dataset: { sourceField: spec.key },
+        on: {
+          input: () => {
+            const text = control.value.trim();
+            let message = null;
+            if (spec.integer) {
+              if (text === "") delete d[spec.key];
+              else if (/^\d+$/.test(text)) d[spec.key] = Number(text);
+              else message = "A whole number.";
+            } else if (text === "" && !spec.required) delete d[spec.key];
+            else d[spec.key] = text;
+            if (!message && spec.required && text === "") message = `${spec.label} is required.`;
+            if (message) errors[spec.key] = { message, raw: control.value };
+            else delete errors[spec.key];
+            setFieldError(wrappers[spec.key], message);
+            refresh();
+            this.renderCanvasSoon();
+          },
+        },
+      });
+      wrappers[spec.key] = field(spec.label + (spec.required ? " *" : ""), control, { hint: spec.hint });
+      if (errors[spec.key]) setFieldError(wrappers[spec.key], errors[spec.key].message);
+      form.append(wrappers[spec.key]);
+    }
+    form.append(h("div", { class: "field-row source-form__actions" }, saveButton, undoButton, status));
+    form.addEventListener("submit", async (e) => {
+      e.preventDefault();
+      const bad = Object.keys(errors);
+      if (bad.length) {
+        announce(`Source ${d.name} not saved: ${errors[bad[0]].message}`, "error");
+        form.querySelector(`[data-source-field="${bad[0]}"]`)?.focus();
+        return;
+      }
+      saveButton.disabled = true;
+      setText(status, "Saving…");
+      try {
+        const answer = await api.putSource(d.name, api.withoutVersion(d), saved?.version);
+        const resource = answer.data && typeof answer.data === "object" ? answer.data : { ...d, version: Number(answer.etag) };
+        node.data = clone(resource);
+        this.savedSources.set(node.id, clone(resource));
+        this.sourceErrors.delete(node.id);
+        this.renderCanvas();
+        if (this.selected === node.id) this.renderInspector();
+        announce(`Saved source ${d.name} (version ${resource.version}): it consumes topic ${resource.topic} within about a second.`, "ok");
+      } catch (err) {
+        if (err.isAuth) {
+          refresh();
+          return;
+        }
+        // The field at fault: the problem's pointer, else the setting its message names.
+        const detail = err.detail.replace(/^source `[^`]*`: /, "");
+        const key = [(err.pointer || "").split("/").filter(Boolean)[0], ...[...detail.matchAll(/`([a-z_]+)`/g)].map((m) => m[1])].find((k) => k && wrappers[k]);
+        if (err.status === 400 && key) {
+          errors[key] = { message: detail, raw: form.querySelector(`[data-source-field="${key}"]`).value };
+          setFieldError(wrappers[key], detail);
+        }
+        const text =
+          err.status === 412
+            ? `Someone else changed source ${d.name} after it was loaded: reload it to get their version (your changes here would be lost).`
+            : detail;
+        replace(status, h("span", { class: "is-error", text: `Not saved: ${text}` }), err.status === 412 ? [" ", button("Reload the source", () => this.reloadSource(node), { class: "button button--small" })] : null);
+        status.dataset.state = "error";
+        saveButton.disabled = false;
+        announce(`Source ${d.name} not saved: ${text}`, "error");
+      }
+    });
+    const connector = this.connectors.get(`source/${d.name}`);
+    append(body, [
+      h("dl", { class: "facts" }, fact("RocketMQ source", clip(d.name)), fact("Into bus", clip(d.bus)), connector ? fact("State", [badge(connector.state), " ", h("span", { class: "muted", text: `${count(connector.lag)} behind` })]) : null),
+      form,
+      h("p", { class: "muted" }, "Saved on its own (not with the rule), and takes effect at once. ", h("a", { href: "#/cluster", text: "Pause, resume or restart it in the cluster view" }), "."),
+    ]);
+    refresh();
+  }
+
+  async reloadSource(node) {
+    try {
+      const { data } = await api.getSource(node.data.name);
+      node.data = clone(data);
+      this.savedSources.set(node.id, clone(data));
+      this.sourceErrors.delete(node.id);
+      this.renderCanvas();
+      if (this.selected === node.id) this.renderInspector();
+      announce(`Source ${data.name} reloaded (version ${data.version}).`);
+    } catch (err) {
+      if (!err.isAuth) announce(`Source ${node.data.name} cannot be reloaded: ${err.detail}`, "error");
+    }
+  }
+
+  /** Whether a RocketMQ source's form holds changes not saved. */
+  sourceChanged(node) {
+    const saved = this.savedSources.get(node.id);
+    if (!saved) return false;
+    return Object.keys(this.sourceErrors.get(node.id) || {}).length > 0 || canonical(api.withoutVersion(node.data)) !== canonical(api.withoutVersion(saved));
+  }
+
+  /** Every source feeding the bus, and what that means for the rule. */
+  feedersList(node) {
+    const sources = this.graph.sources();
+    return h(
+      "fieldset",
+      { class: "group" },
+      h("legend", { text: `All sources of bus ${this.bus} (${sources.length})` }),
+      h(
+        "ul",
+        { class: "links feeders" },
+        sources.map((n) =>
+          h(
+            "li",
+            { class: n.id === node.id ? "is-current" : null },
+            n.id === node.id ? h("strong", { text: describe(this.graph, n) }) : button(describe(this.graph, n), () => this.select(n.id), { class: "link-button", title: "Select it" }),
+            h("span", { class: "muted feeders__attr", text: `events' source: ${sourceAttribute(n.data)}` }),
+          ),
+        ),
+      ),
+      h(
+        "p",
+        { class: "callout source-hint" },
+        `The rule applies to every event of bus ${this.bus}, whichever source stored it${sources.length > 1 ? ` (all ${sources.length} of them)` : ""}. To take one source's events only, match their source attribute in the filter, e.g. `,
+        h("code", { text: `{"source": ["${sources.find((n) => n.data.type === "webhook")?.data.path || "/webhooks/github"}"]}` }),
+        ".",
+      ),
+    );
   }
 
   filterForm(body, node) {
@@ -1321,8 +1539,11 @@ class Builder {
   showTest(event, result, filter, path, target) {
     const marks = new Map();
     const rows = [];
-    rows.push(testRow("Source", `bus ${this.bus}`, "pass", "The event", event));
-    marks.set(this.graph.source.id, { state: "pass", short: "✓", text: "event in" });
+    // The source node that would have stored such an event: the one whose events carry its
+    // source attribute, else the bus's ingress.
+    const from = this.graph.sources().find((n) => n.data.type !== "ingress" && sourceAttribute(n.data) === event?.source) || this.graph.source;
+    rows.push(testRow("Source", from === this.graph.source ? `bus ${this.bus}` : label(from), "pass", "The event", event));
+    marks.set(from.id, { state: "pass", short: "✓", text: "event in" });
     rows.push(testRow("Filter", filter.data.mode === "all" ? "every event" : filter.data.mode, result.matched ? "pass" : "fail", result.matched ? "Matched: the rule takes this event." : "Not matched: the rule does not take this event."));
     marks.set(filter.id, { state: result.matched ? "pass" : "fail", short: result.matched ? "✓ matched" : "✗ no match", text: result.matched ? "matched" : "not matched" });
     const steps = result.steps || [];
@@ -1411,7 +1632,10 @@ function caption(graph, node) {
   const d = node.data;
   switch (node.kind) {
     case "source":
-      return { kind: "Source", title: d.bus, meta: "events posted to the bus" };
+      if (d.type === "webhook") return { kind: "Webhook source", title: d.name, meta: `${d.preset || "?"} · ${d.path}` };
+      if (d.type === "rocketmq") return { kind: "RocketMQ source", title: d.name, meta: d.topic ? `topic ${d.topic}` : "(no topic)" };
+      if (d.type && d.type !== "ingress") return { kind: `${d.type} source`, title: d.name, meta: "" };
+      return { kind: "Ingress", title: d.bus, meta: `POST /buses/${d.bus}/events` };
     case "filter":
       return {
         kind: "Filter",
@@ -1466,6 +1690,14 @@ function targetSummary(d) {
     default:
       return "stdout";
   }
+}
+
+/** The source attribute of the events a source stores, as far as the console knows it. */
+function sourceAttribute(d) {
+  if (d.type === "webhook") return d.path;
+  if (d.type === "rocketmq") return d.wrap_source || `rocketmq://${d.topic}`;
+  if (d.type && d.type !== "ingress") return "set by the source";
+  return "set by the producer";
 }
 
 /** A node in a choice list. */

@@ -1,10 +1,10 @@
-// Channels: the buses of the catalog and the rules on each, with the state and lag of
-// every rule's targets (their connectors). Buses are created, edited and deleted here;
-// rules are opened in the builder.
+// Channels: the buses of the catalog and the rules on each, with the state, lag and
+// throughput (delivered events/s) of every rule's targets (their connectors). Buses are
+// created, edited and deleted here; rules are opened in the builder.
 
 import * as api from "./api.js";
 import { announce, button, clip, confirmDialog, dialog, field, h, notice, replace, setFieldError } from "./dom.js";
-import { badge, brief, count, duration, lag, updateBadge } from "./format.js";
+import { badge, brief, count, duration, lag, rate, updateBadge } from "./format.js";
 import { NAME_PATTERN } from "./graph.js";
 import { parseValue } from "./fields.js";
 
@@ -50,7 +50,7 @@ class ChannelsView {
     this.timer = setTimeout(() => this.refreshStates(), REFRESH_MS);
   }
 
-  /** Connector states and lags, updated in place. */
+  /** Connector states, lags and rates, updated in place. */
   async refreshStates() {
     if (document.visibilityState === "visible") {
       try {
@@ -62,6 +62,8 @@ class ChannelsView {
           if (state) updateBadge(state, c?.state || "UNASSIGNED");
           const lagEl = el.querySelector(".lag");
           if (lagEl) lagEl.replaceWith(lag(c?.lag));
+          const rateEl = el.querySelector(".rate");
+          if (rateEl) rateEl.replaceWith(rate(c?.rate));
         }
       } catch {
         // The next refresh tries again; the page says nothing about a missed one.
@@ -164,7 +166,7 @@ class ChannelsView {
               "table",
               { class: "table rules" },
               h("caption", { class: "visually-hidden", text: `Rules of bus ${bus.name}` }),
-              h("thead", {}, h("tr", {}, ["Rule", "Takes", "Targets: state and lag", "Actions"].map((t) => h("th", { scope: "col", text: t })))),
+              h("thead", {}, h("tr", {}, ["Rule", "Takes", "Targets: state, lag and throughput", "Actions"].map((t) => h("th", { scope: "col", text: t })))),
               h("tbody", {}, rules.map((rule) => this.renderRule(bus, rule))),
             ),
           )
@@ -196,6 +198,7 @@ class ChannelsView {
               h("span", { class: "muted target-states__type", text: t.type }),
               badge(c?.state || "UNASSIGNED", { title: c?.reason || "" }),
               lag(c?.lag),
+              rate(c?.rate),
             );
           }),
         ),

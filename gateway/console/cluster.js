@@ -1,13 +1,16 @@
-// Cluster: the workers and the tasks each runs, every connector (subscription or source)
-// and its tasks with state, worker, reason and lag, and pause / resume / restart. Polled
+// Cluster: the workers (with the age of their last heartbeat) and the tasks each runs,
+// every connector (subscription or source) and its tasks with state, worker, reason, lag
+// and delivery rate, and pause / resume / restart. Polled
 // every 2 s while the page is visible; updated in place, so focus and open sections stay
 // and a task that moves to another worker is highlighted there.
 
 import * as api from "./api.js";
 import { announce, button, clip, h, keyed, notice, replace, setText } from "./dom.js";
-import { ago, badge, clock, count, lag, updateBadge } from "./format.js";
+import { ago, badge, clock, count, heartbeatAge, lag, rate, rateText, updateBadge } from "./format.js";
 
 const POLL_MS = 2000;
+/** A heartbeat older than this is shown as late (workers beat every 0.5 s by default). */
+const LATE_HEARTBEAT_MS = 2000;
 
 export async function renderCluster(root, _params, app) {
   const view = new ClusterView(root, app);
@@ -127,7 +130,9 @@ class ClusterView {
     const c = this.cluster;
     const running = Object.values(c.assignment || {}).reduce((n, tasks) => n + tasks.length, 0);
     const totalLag = this.connectors.reduce((n, x) => n + (x.lag || 0), 0);
-    setText(this.summaryEl, `Answered by ${c.worker} · ${c.strategy} · ${c.members.length} worker${c.members.length === 1 ? "" : "s"} · ${running} running task${running === 1 ? "" : "s"} · ${count(totalLag)} events behind`);
+    const rates = this.connectors.filter((x) => x.kind === "subscription" && typeof x?.rate === "number");
+    const delivered = rates.length ? ` · delivering ${rateText(rates.reduce((n, x) => n + x.rate, 0))}` : "";
+    setText(this.summaryEl, `Answered by ${c.worker} · ${c.strategy} · ${c.members.length} worker${c.members.length === 1 ? "" : "s"} · ${running} running task${running === 1 ? "" : "s"} · ${count(totalLag)} events behind${delivered}`);
     this.renderWorkers();
     this.renderConnectors();
     this.first = false;
@@ -136,6 +141,8 @@ class ClusterView {
   renderWorkers() {
     const c = this.cluster;
     const byId = new Map((c.statuses || []).map((s) => [s.id, s]));
+    // `workers` (age of each worker's last heartbeat) is newer than the rest of the answer.
+    const beats = new Map((c?.workers || []).map((w) => [w?.id, w?.heartbeat_age_ms]));
     const workers = [...new Set([...c.members, ...Object.keys(c.assignment || {})])].sort();
     const cards = workers.map((w) => ({ key: `worker:${w}`, worker: w, tasks: (c.assignment?.[w] || []).map((id) => byId.get(id) || { id, state: "RUNNING", worker: w }) }));
     // Tasks of the running configuration that are not running (statuses of removed buses and
@@ -154,7 +161,7 @@ class ClusterView {
       (card) => card.key,
       (card) => {
         const title = h("h3", { class: "card__title" });
-        return h("section", { class: "card worker" }, h("header", { class: "card__header" }, title, h("span", { class: "worker__count muted" })), h("ul", { class: "worker__tasks" }));
+        return h("section", { class: "card worker" }, h("header", { class: "card__header" }, title, h("span", { class: "worker__count muted" })), h("p", { class: "worker__heartbeat", hidden: true }), h("ul", { class: "worker__tasks" }));
       },
       (el, card) => {
         const title = el.querySelector(".card__title");
@@ -169,6 +176,15 @@ class ClusterView {
         }
         el.classList.toggle("worker--gone", Boolean(card.worker) && !c.members.includes(card.worker));
         setText(el.querySelector(".worker__count"), `${card.tasks.length} task${card.tasks.length === 1 ? "" : "s"}${card.worker && !c.members.includes(card.worker) ? " · left the cluster" : ""}`);
+        const beat = el.querySelector(".worker__heartbeat");
+        const age = card.worker ? beats.get(card.worker) : undefined;
+        beat.hidden = typeof age !== "number";
+        if (typeof age === "number") {
+          const late = age > LATE_HEARTBEAT_MS;
+          beat.classList.toggle("is-late", late);
+          setText(beat, `heartbeat ${heartbeatAge(age)}${late ? " · late" : ""}`);
+          beat.title = late ? `No heartbeat for ${count(age)} ms: the worker may be stopped or starved; its tasks move once it is gone (cluster.member_ttl).` : `Last heartbeat ${count(age)} ms ago`;
+        }
         const list = el.querySelector(".worker__tasks");
         if (!card.tasks.length) {
           if (!list.querySelector(".worker__none")) replace(list, h("li", { class: "worker__none muted", text: "No task" }));
@@ -238,6 +254,7 @@ class ClusterView {
         h("span", { class: "connector__state" }, badge(x.state)),
         h("span", { class: "connector__worker" }),
         h("span", { class: "connector__lag" }),
+        h("span", { class: "connector__rate" }),
         actions,
       ),
       h("p", { class: "connector__reason" }),
@@ -250,6 +267,11 @@ class ClusterView {
     const worker = el.querySelector(".connector__worker");
     replace(worker, x.worker ? [h("span", { class: "muted", text: "worker " }), clip(x.worker)] : h("span", { class: "muted", text: "—" }));
     replace(el.querySelector(".connector__lag"), h("span", { class: "muted", text: "lag " }), lag(x.lag));
+    // Sources have no delivery rate (the place stays, so the columns line up); subscriptions
+    // have one once the gateway measures it.
+    const rateEl = el.querySelector(".connector__rate");
+    rateEl.classList.toggle("is-empty", x.kind === "source" && (x?.rate === undefined || x?.rate === null));
+    replace(rateEl, h("span", { class: "muted", text: "rate " }), rate(x?.rate));
     const reason = el.querySelector(".connector__reason");
     setText(reason, x.reason || "");
     reason.hidden = !x.reason;

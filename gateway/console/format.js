@@ -88,6 +88,34 @@ export function lag(n) {
   return h("span", { class: kind, title: n === null || n === undefined ? "not known yet" : `${value} events behind`, text: value });
 }
 
+/** Events per second as text: "—" while unknown, then "0/s", "0.08/s", "12.5/s", "1,234/s". */
+export function rateText(n) {
+  if (n === null || n === undefined || Number.isNaN(Number(n))) return "—";
+  const v = Number(n);
+  if (v === 0) return "0/s";
+  if (v < 10) return `${Number(v.toPrecision(2))}/s`;
+  if (v < 100) return `${Math.round(v * 10) / 10}/s`;
+  return `${numberFormat.format(Math.round(v))}/s`;
+}
+
+/** A delivery rate (events/s over the last minute, summed over the cluster). */
+export function rate(n) {
+  const unknown = n === null || n === undefined;
+  return h("span", {
+    class: ["rate", unknown ? "rate--unknown" : Number(n) > 0 ? "rate--flowing" : "rate--idle"],
+    title: unknown ? "Throughput not known yet: it is measured every 5 s, once asked" : `${rateText(n)}: events delivered per second over the last minute, whole cluster`,
+    text: rateText(n),
+  });
+}
+
+/** How long ago a heartbeat was, from its age in ms: "0.4 s ago", "12 s ago", "3 min ago". */
+export function heartbeatAge(ms) {
+  if (ms === null || ms === undefined) return "";
+  if (ms < 10000) return `${(Math.max(0, ms) / 1000).toFixed(1)} s ago`;
+  if (ms < 120000) return `${Math.round(ms / 1000)} s ago`;
+  return `${Math.round(ms / 60000)} min ago`;
+}
+
 /** `datetime-local` input text for a time in ms, and back (local time). */
 export function toLocalInput(ms) {
   const date = new Date(ms);

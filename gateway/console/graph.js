@@ -1,10 +1,12 @@
 // The builder's model: a channel as a graph, and its conversion to and from a rule.
 //
-//   source (the bus) → filter (pattern, CESQL, or every event) → transform steps → targets
+//   sources (what stores events on the bus: its ingress, webhook sources, RocketMQ sources)
+//     → filter (pattern, CESQL, or every event) → transform steps → targets
 //
-// The graph is a tree rooted at the filter: every node but the source has at most one
-// input, so the transform chain of a target is the steps on the path from the filter to
-// it. Loading a rule shares the common first steps of its targets' chains; saving gives
+// Every source of the bus feeds the filter: a rule takes every event of its bus, whichever
+// source stored it. From the filter on, the graph is a tree: every node but the sources
+// and the filter has at most one input, so the transform chain of a target is the steps on
+// the path from the filter to it. Loading a rule shares the common first steps of its targets' chains; saving gives
 // each target the chain of its path. Pure data: no DOM here.
 
 export const STEP_FORMS = [
@@ -150,10 +152,14 @@ export class Graph {
     this.nextId = 1;
   }
 
-  /** The graph of a rule of `bus` (a new rule: `rule` null). */
-  static fromRule(bus, rule) {
+  /**
+   * The graph of a rule of `bus` (a new rule: `rule` null). `sources`: what else feeds the
+   * bus besides its ingress, as source node data (`{type: "webhook", name, preset, path}`,
+   * or a RocketMQ source resource `{type: "rocketmq", name, topic, ...}`).
+   */
+  static fromRule(bus, rule, sources = []) {
     const graph = new Graph();
-    const source = graph.add("source", { bus });
+    const source = graph.add("source", { type: "ingress", bus });
     const mode = rule?.filter !== undefined ? "filter" : rule?.pattern !== undefined && Object.keys(rule.pattern).length ? "pattern" : "all";
     const filter = graph.add("filter", {
       mode,
@@ -161,6 +167,7 @@ export class Graph {
       filter: mode === "filter" ? rule.filter : "type LIKE 'com.example.%'",
     });
     graph.connect(source.id, filter.id);
+    for (const data of sources) graph.connect(graph.add("source", { ...clone(data), bus }).id, filter.id);
     for (const target of rule?.targets || []) {
       let at = filter;
       for (const step of stepsOf(target.transform)) {
@@ -182,8 +189,14 @@ export class Graph {
     return graph;
   }
 
+  /** The bus's ingress (the first source). */
   get source() {
     return [...this.nodes.values()].find((n) => n.kind === "source");
+  }
+
+  /** Every source feeding the bus: its ingress first. */
+  sources() {
+    return [...this.nodes.values()].filter((n) => n.kind === "source");
   }
 
   get filter() {
@@ -241,14 +254,19 @@ export class Graph {
     return { ok: true };
   }
 
-  /** Connects `from` → `to`, replacing `to`'s input. Throws if not allowed. */
+  /**
+   * Connects `from` → `to`, replacing `to`'s input. Throws if not allowed. A source is
+   * added to the filter's inputs (every source of the bus feeds it).
+   */
   connect(fromId, toId) {
     const from = this.nodes.get(fromId);
     const to = this.nodes.get(toId);
-    if (from?.kind !== "source") {
-      const check = this.canConnect(fromId, toId);
-      if (!check.ok) throw new Error(check.reason);
+    if (from?.kind === "source") {
+      if (!this.edges.some((e) => e.from === fromId && e.to === toId)) this.edges.push({ from: fromId, to: toId });
+      return to;
     }
+    const check = this.canConnect(fromId, toId);
+    if (!check.ok) throw new Error(check.reason);
     this.edges = this.edges.filter((e) => e.to !== toId);
     this.edges.push({ from: fromId, to: toId });
     return to;
@@ -377,7 +395,10 @@ export class Graph {
     return { node: null, field: null };
   }
 
-  /** Places the nodes in columns by depth, each subtree in its own band of rows. */
+  /**
+   * Places the nodes in columns by depth, each subtree in its own band of rows; the sources
+   * in the first column, around the filter.
+   */
   layout() {
     const COLUMN = 240;
     const ROW = 104;
@@ -397,11 +418,20 @@ export class Graph {
       const childRows = children.map((c) => rows.get(c.id));
       rows.set(node.id, (Math.min(...childRows) + Math.max(...childRows)) / 2);
     };
-    place(this.source, 0);
-    // Nodes not reached from the source (being wired): below the rest.
+    place(this.filter, 1);
+    // Nodes not reached from the filter (being wired): below the rest.
     for (const node of this.nodes.values()) {
-      if (!depth.has(node.id) && !this.parentOf(node.id)) place(node, node.kind === "target" ? 3 : 2);
+      if (node.kind !== "source" && !depth.has(node.id) && !this.parentOf(node.id)) place(node, node.kind === "target" ? 3 : 2);
     }
+    const sources = this.sources();
+    const first = rows.get(this.filter.id) - (sources.length - 1) / 2;
+    sources.forEach((node, i) => {
+      depth.set(node.id, 0);
+      rows.set(node.id, first + i);
+    });
+    // Sources above the filter's band push everything down.
+    const top = Math.min(0, ...rows.values());
+    for (const [id, row] of rows) rows.set(id, row - top);
     const maxStep = Math.max(1, ...[...this.nodes.values()].filter((n) => n.kind !== "target").map((n) => depth.get(n.id) ?? 1));
     for (const node of this.nodes.values()) {
       const column = node.kind === "target" ? Math.max(maxStep + 1, depth.get(node.id) ?? 2) : depth.get(node.id) ?? 2;
@@ -416,7 +446,7 @@ export function label(node) {
   if (!node) return "";
   switch (node.kind) {
     case "source":
-      return `bus ${node.data.bus}`;
+      return node.data.type === "webhook" ? `webhook source ${node.data.name}` : node.data.type === "rocketmq" ? `RocketMQ source ${node.data.name}` : `bus ${node.data.bus}`;
     case "filter":
       return "the filter";
     case "step":

@@ -167,6 +167,7 @@ pub fn routes(state: Arc<IngressState>) -> Router {
             post(task_action),
         )
         .route("/api/v1/cluster", get(cluster))
+        .route("/api/v1/webhooks", get(list_webhooks))
         .route(
             "/api/v1/buses/{bus}/replays",
             get(list_replays).post(start_replay),
@@ -1074,6 +1075,7 @@ async fn connector_view(
     state: &IngressState,
     id: &str,
     statuses: &HashMap<String, Value>,
+    rates: &HashMap<String, f64>,
 ) -> Value {
     let plan = state.plan();
     let tasks = state.connectors().get(id).copied().unwrap_or(0);
@@ -1115,6 +1117,7 @@ async fn connector_view(
         task_views.push(view);
     }
     let lag: u64 = task_views.iter().filter_map(|t| t["lag"].as_u64()).sum();
+    let rate = rates.get(id).copied();
     let mut view = statuses
         .get(id)
         .cloned()
@@ -1129,6 +1132,12 @@ async fn connector_view(
             }),
         );
         map.insert("lag".to_string(), json!(lag));
+        // Delivered events per second over the last minute, cluster-wide (sampled every
+        // 5 s once asked for; null until there are two samples).
+        map.insert(
+            "rate".to_string(),
+            json!(rate.map(|r| (r * 100.0).round() / 100.0)),
+        );
         map.insert("tasks".to_string(), Value::Array(task_views));
     }
     view
@@ -1156,11 +1165,12 @@ async fn list_connectors(State(state): State<Arc<IngressState>>) -> Response {
         Ok(s) => s,
         Err(p) => return p.into_response(),
     };
+    let rates = state.scaling.rates();
     let mut ids: Vec<String> = state.connectors().keys().cloned().collect();
     ids.sort();
     let mut items = Vec::new();
     for id in ids {
-        items.push(connector_view(&state, &id, &statuses).await);
+        items.push(connector_view(&state, &id, &statuses, &rates).await);
     }
     Json(json!({"items": items})).into_response()
 }
@@ -1174,8 +1184,9 @@ async fn get_connector(
         return Problem::unknown(format!("no connector `{id}` in the running catalog"))
             .into_response();
     }
+    let rates = state.scaling.rates();
     match statuses_by_id(&state).await {
-        Ok(statuses) => Json(connector_view(&state, &id, &statuses).await).into_response(),
+        Ok(statuses) => Json(connector_view(&state, &id, &statuses, &rates).await).into_response(),
         Err(p) => p.into_response(),
     }
 }
@@ -1244,14 +1255,39 @@ async fn cluster(State(state): State<Arc<IngressState>>) -> Response {
     for tasks in assignment.values_mut() {
         tasks.sort();
     }
+    let workers: Vec<Value> = match state.cluster.heartbeats().await {
+        Ok(mut beats) => {
+            beats.sort();
+            beats
+                .into_iter()
+                .map(|(id, age)| json!({"id": id, "heartbeat_age_ms": age}))
+                .collect()
+        }
+        Err(e) => return Problem::unavailable(e.to_string(), 2).into_response(),
+    };
     Json(json!({
         "worker": state.cluster.worker_id(),
         "strategy": auth.strategy,
         "members": members,
+        "workers": workers,
         "assignment": assignment,
         "statuses": statuses,
     }))
     .into_response()
+}
+
+/// `GET /api/v1/webhooks`: this replica's webhook sources (from its file; their secrets
+/// are never shown).
+async fn list_webhooks(State(state): State<Arc<IngressState>>) -> Response {
+    let items: Vec<Value> = state
+        .webhooks()
+        .list()
+        .into_iter()
+        .map(|(name, bus, preset)| {
+            json!({"path": format!("/webhooks/{name}"), "name": name, "bus": bus, "preset": preset})
+        })
+        .collect();
+    Json(json!({"items": items})).into_response()
 }
 
 // ---------------------------------------------------------------------------------------

@@ -547,7 +547,8 @@ async fn follow_catalog(
 ) {
     let mut notices = catalog.changes();
     let mut tick = tokio::time::interval(config.cluster.rebalance_interval);
-    let mut failed_at = 0;
+    // The version that last failed to run, and when: retried every 30 s (the cause may pass).
+    let mut failed: Option<(u64, std::time::Instant)> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -558,15 +559,23 @@ async fn follow_catalog(
             Ok(v) => v,
             Err(_) => continue,
         };
-        if current <= version || current == failed_at {
+        if current <= version
+            || failed.is_some_and(|(v, at)| v == current && at.elapsed() < Duration::from_secs(30))
+        {
             continue;
         }
-        let built = match catalog.snapshot().await {
-            Ok(snapshot) => logs
-                .for_channels(&snapshot.channels)
-                .and_then(|l| build_plan(&config, &snapshot.channels, snapshot.version, l)),
-            Err(e) => Err(StartError::Store(e)),
+        let snapshot = match catalog.snapshot().await {
+            Ok(snapshot) => snapshot,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the catalog; retrying");
+                continue;
+            }
         };
+        // A version that cannot run (a log that does not open, a target that cannot be
+        // built) is logged and tried again every 30 s until a newer version comes.
+        let built = logs
+            .for_channels(&snapshot.channels)
+            .and_then(|l| build_plan(&config, &snapshot.channels, snapshot.version, l));
         match built {
             Ok(plan) => {
                 tracing::info!(
@@ -597,11 +606,8 @@ async fn follow_catalog(
                     }
                 }
             }
-            Err(StartError::Store(e)) => {
-                tracing::warn!(error = %e, "cannot read the catalog; retrying");
-            }
             Err(e) => {
-                failed_at = current;
+                failed = Some((current, std::time::Instant::now()));
                 tracing::error!(version = current, error = %e, "cannot run the catalog's new version; keeping the previous one");
             }
         }

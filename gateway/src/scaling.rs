@@ -34,12 +34,14 @@ const WINDOW: Duration = Duration::from_secs(60);
 const HORIZON_SECS: f64 = 60.0;
 const DEFAULT_TARGET_LAG: u64 = 1000;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Sample {
     at: Instant,
     lag: u64,
     /// The sum of every subscription's position: how far they all went.
     progress: u64,
+    /// Each subscription's positions summed over its shards.
+    by_subscription: Arc<std::collections::HashMap<String, u64>>,
 }
 
 /// Recent samples, oldest first.
@@ -55,7 +57,37 @@ pub struct History {
 const KEEP_SAMPLING: Duration = Duration::from_secs(600);
 
 impl History {
-    fn asked_now(&self) {
+    /// Delivered events per second of each subscription over the sampled window (the
+    /// newest sample against the oldest within the window), cluster-wide; empty until
+    /// there are two samples. Asking starts the sampling.
+    pub fn rates(&self) -> std::collections::HashMap<String, f64> {
+        self.asked_now();
+        let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(newest) = samples.back() else {
+            return std::collections::HashMap::new();
+        };
+        // Each subscription from the oldest sample in the window that has it (one created
+        // meanwhile is measured from its first sample).
+        let window: Vec<&Sample> = samples
+            .iter()
+            .filter(|s| {
+                let age = newest.at.duration_since(s.at);
+                age <= WINDOW && age >= SAMPLE_EVERY / 2
+            })
+            .collect();
+        newest
+            .by_subscription
+            .iter()
+            .filter_map(|(id, at)| {
+                let base = window.iter().find(|s| s.by_subscription.contains_key(id))?;
+                let from = base.by_subscription.get(id).copied()?;
+                let secs = newest.at.duration_since(base.at).as_secs_f64();
+                Some((id.clone(), at.saturating_sub(from) as f64 / secs))
+            })
+            .collect()
+    }
+
+    pub(crate) fn asked_now(&self) {
         *self.asked.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
     }
 
@@ -67,11 +99,12 @@ impl History {
     }
 
     fn push(&self, sample: Sample) {
+        let at = sample.at;
         let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         samples.push_back(sample);
         while samples
             .front()
-            .is_some_and(|s| sample.at.duration_since(s.at) > WINDOW * 2)
+            .is_some_and(|s| at.duration_since(s.at) > WINDOW * 2)
         {
             samples.pop_front();
         }
@@ -83,7 +116,7 @@ impl History {
         samples
             .iter()
             .find(|s| now.duration_since(s.at) <= WINDOW)
-            .copied()
+            .cloned()
     }
 }
 
@@ -92,6 +125,8 @@ struct Snapshot {
     progress: u64,
     /// (subscription, lag), largest first.
     by_subscription: Vec<(String, u64)>,
+    /// Each subscription's positions summed over its shards.
+    progress_by_subscription: std::collections::HashMap<String, u64>,
     tasks: u64,
 }
 
@@ -105,6 +140,7 @@ async fn snapshot(state: &IngressState) -> Result<Snapshot, StoreError> {
     let mut lag = 0u64;
     let mut progress = 0u64;
     let mut by_subscription = Vec::new();
+    let mut progress_by_subscription = std::collections::HashMap::new();
     let mut tasks = 0u64;
     let mut names: Vec<&String> = connectors.keys().collect();
     names.sort();
@@ -126,6 +162,7 @@ async fn snapshot(state: &IngressState) -> Result<Snapshot, StoreError> {
             .collect();
         tasks += u64::from(log.shards());
         let mut sub_lag = vec![0u64; subscriptions.len()];
+        let mut sub_progress = vec![0u64; subscriptions.len()];
         for shard in 0..log.shards() {
             let end = log.end(shard).await?;
             let group = positions.peek_group(bus, shard).await?;
@@ -133,12 +170,14 @@ async fn snapshot(state: &IngressState) -> Result<Snapshot, StoreError> {
                 // A subscription with no position yet starts at the end of the shard.
                 let at = group.of(&id[prefix.len()..]).unwrap_or(end).min(end);
                 sub_lag[i] += end - at;
+                sub_progress[i] += at;
                 progress += at;
             }
         }
-        for (id, l) in subscriptions.into_iter().zip(sub_lag) {
+        for ((id, l), p) in subscriptions.into_iter().zip(sub_lag).zip(sub_progress) {
             lag += l;
             by_subscription.push((id.clone(), l));
+            progress_by_subscription.insert(id.clone(), p);
         }
     }
     by_subscription.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
@@ -146,6 +185,7 @@ async fn snapshot(state: &IngressState) -> Result<Snapshot, StoreError> {
         lag,
         progress,
         by_subscription,
+        progress_by_subscription,
         tasks,
     })
 }
@@ -167,6 +207,7 @@ pub async fn sample(state: Arc<IngressState>, mut stop: watch::Receiver<bool>) {
                 at: Instant::now(),
                 lag: s.lag,
                 progress: s.progress,
+                by_subscription: Arc::new(s.progress_by_subscription),
             }),
             Err(e) => tracing::debug!(error = %e, "cannot sample the backlog"),
         }
@@ -284,6 +325,25 @@ mod tests {
             8,
             "never more than the tasks"
         );
+    }
+
+    #[test]
+    fn rates_measure_each_subscription_from_its_first_sample_in_the_window() {
+        let history = History::default();
+        let t0 = Instant::now();
+        let sample = |secs: u64, pairs: &[(&str, u64)]| Sample {
+            at: t0 + Duration::from_secs(secs),
+            lag: 0,
+            progress: 0,
+            by_subscription: Arc::new(pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()),
+        };
+        assert!(history.rates().is_empty(), "no samples, no rates");
+        history.push(sample(0, &[("a", 0)]));
+        history.push(sample(5, &[("a", 50), ("b", 0)]));
+        history.push(sample(10, &[("a", 100), ("b", 40)]));
+        let rates = history.rates();
+        assert_eq!(rates["a"], 10.0);
+        assert_eq!(rates["b"], 8.0, "measured from its own first sample");
     }
 
     #[test]

@@ -468,6 +468,17 @@ async fn crud_and_validation(sluice: &Sluice, recorder: &Recorder) {
     let cluster = api.get("/api/v1/cluster", "/api/v1/cluster").await;
     assert_eq!(cluster.status, 200);
     assert_eq!(cluster.body["strategy"], "sorted-hash");
+    let workers = cluster.body["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 1, "{}", cluster.body);
+    assert!(
+        workers[0]["heartbeat_age_ms"].as_u64().unwrap() < 5_000,
+        "{}",
+        cluster.body
+    );
+    assert!(one.get("rate").is_some(), "{one}");
+    let hooks = api.get("/api/v1/webhooks", "/api/v1/webhooks").await;
+    assert_eq!(hooks.status, 200);
+    assert_eq!(hooks.body["items"], json!([]));
     let catalog = api.get("/api/v1/catalog", "/api/v1/catalog").await;
     assert_eq!(catalog.status, 200);
 
@@ -648,6 +659,38 @@ async fn a_rule_made_on_one_replica_runs_on_the_other_and_survives_a_restart_wit
     b.wait_states("default/from-api/out#", "RUNNING", 2).await;
     post_typed(&b, "default", "api-1", "made.by.api").await;
     wait_ids(&b, "api.jsonl", &["api-1"]).await;
+
+    // The cluster view: both workers with their heartbeat age; a delivery rate per
+    // connector once the backlog has been sampled twice (every 5 s, from the first ask).
+    let api_b = api(&b, &recorder);
+    let cluster = api_b.get("/api/v1/cluster", "/api/v1/cluster").await;
+    let workers = cluster.body["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 2, "{}", cluster.body);
+    assert!(
+        workers
+            .iter()
+            .all(|w| w["heartbeat_age_ms"].as_u64().unwrap() < 3_000),
+        "{}",
+        cluster.body
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for round in 0.. {
+        for i in 0..5 {
+            post_typed(&b, "default", &format!("rate-{round}-{i}"), "made.by.api").await;
+        }
+        let (_, view) = api_b
+            .sluice_get("/api/v1/connectors/default/from-api/out")
+            .await;
+        if let Some(rate) = view["rate"].as_f64() {
+            assert!(rate >= 0.0, "{view}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no delivery rate after 30 s: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 
     // b restarts with its file, which never had the rule: the catalog keeps it.
     b.terminate();

@@ -98,6 +98,11 @@ pub trait Cluster: Send + Sync + 'static {
     /// Live workers, this one included.
     async fn members(&self) -> Result<Vec<String>, StoreError>;
 
+    /// Each live worker and how long ago (ms) it last heartbeated.
+    async fn heartbeats(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        Ok(self.members().await?.into_iter().map(|m| (m, 0)).collect())
+    }
+
     /// Takes the task's lease if it is free (or already this worker's); `None` when another
     /// worker holds it.
     async fn acquire(&self, task: &str) -> Result<Option<Lease>, StoreError>;

@@ -1183,6 +1183,33 @@ impl Cluster for RedisCluster {
         Ok(statuses)
     }
 
+    async fn heartbeats(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        const AGES: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local r = redis.call('ZRANGEBYSCORE', KEYS[1], now - tonumber(ARGV[1]), '+inf', 'WITHSCORES')
+local out = {}
+for i = 1, #r, 2 do
+  out[#out + 1] = r[i]
+  out[#out + 1] = tostring(math.max(0, now - tonumber(r[i + 1])))
+end
+return out
+";
+        let flat: Vec<String> = Script::new(AGES)
+            .key(self.redis.key(&["members"]))
+            .arg(self.options.member_ttl.as_millis() as u64)
+            .invoke_async(&mut self.redis.conn())
+            .await
+            .map_err(|e| redis_error("read heartbeats", &e))?;
+        Ok(flat
+            .chunks(2)
+            .filter_map(|pair| match pair {
+                [id, age] => Some((id.clone(), age.parse().unwrap_or(0))),
+                _ => None,
+            })
+            .collect())
+    }
+
     async fn forget(&self, ids: &[String]) -> Result<(), StoreError> {
         for chunk in ids.chunks(1000) {
             let mut pipe = redis::pipe();

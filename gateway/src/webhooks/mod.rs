@@ -573,6 +573,17 @@ impl Webhooks {
         }
     }
 
+    /// Each webhook source's (name, bus, preset), sorted by name.
+    pub fn list(&self) -> Vec<(String, String, String)> {
+        let mut all: Vec<_> = self
+            .by_name
+            .values()
+            .map(|h| (h.name.clone(), h.bus.clone(), h.preset.clone()))
+            .collect();
+        all.sort();
+        all
+    }
+
     /// Each webhook source's (name, bus).
     pub fn buses(&self) -> impl Iterator<Item = (&str, &str)> {
         self.by_name
