@@ -241,7 +241,7 @@ class ClusterView {
       "table",
       { class: "table tasks" },
       h("caption", { class: "visually-hidden", text: `Tasks of ${x.id}` }),
-      h("thead", {}, h("tr", {}, [x.kind === "source" ? "Task" : "Shard", "State", "Worker", "Position", "End", "Lag", "Reason", "Actions"].map((t) => h("th", { scope: "col", text: t })))),
+      h("thead", {}, h("tr", {}, [x.kind === "source" ? "Task" : "Shard", "State", "Worker", "Position", "End", "Lag", "Rate", "Reason", "Actions"].map((t) => h("th", { scope: "col", text: t })))),
       h("tbody", {}),
     );
     return h(
@@ -293,6 +293,7 @@ class ClusterView {
           h("td", { class: "num task__position" }),
           h("td", { class: "num task__end" }),
           h("td", { class: "num task__lag" }),
+          h("td", { class: "num task__rate" }),
           h("td", { class: "task__reason" }),
           h(
             "td",
@@ -315,6 +316,7 @@ class ClusterView {
         setText(tr.querySelector(".task__position"), t.position === undefined ? "—" : count(t.position));
         setText(tr.querySelector(".task__end"), t.end === undefined ? "—" : count(t.end));
         replace(tr.querySelector(".task__lag"), lag(t.lag));
+        replace(tr.querySelector(".task__rate"), x.kind === "source" ? "—" : rate(t?.rate));
         replace(tr.querySelector(".task__reason"), t.reason ? clip(t.reason) : "");
       },
     );

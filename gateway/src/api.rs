@@ -1075,7 +1075,7 @@ async fn connector_view(
     state: &IngressState,
     id: &str,
     statuses: &HashMap<String, Value>,
-    rates: &HashMap<String, f64>,
+    rates: &HashMap<String, crate::scaling::Rate>,
 ) -> Value {
     let plan = state.plan();
     let tasks = state.connectors().get(id).copied().unwrap_or(0);
@@ -1101,8 +1101,13 @@ async fn connector_view(
                 .await
                 .ok()
                 .and_then(|g| g.of(&format!("{rule}/{target}")));
+            let rate = rates
+                .get(id)
+                .and_then(|r| r.shards.get(index as usize))
+                .map(|r| (r * 100.0).round() / 100.0);
             if let Value::Object(map) = &mut view {
                 map.insert("shard".to_string(), json!(index));
+                map.insert("rate".to_string(), json!(rate));
                 map.insert("position".to_string(), json!(at));
                 map.insert("end".to_string(), json!(end));
                 // No position yet: the subscription starts where the shard ends.
@@ -1117,7 +1122,7 @@ async fn connector_view(
         task_views.push(view);
     }
     let lag: u64 = task_views.iter().filter_map(|t| t["lag"].as_u64()).sum();
-    let rate = rates.get(id).copied();
+    let rate = rates.get(id).map(|r| r.total);
     let mut view = statuses
         .get(id)
         .cloned()

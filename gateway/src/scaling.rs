@@ -40,8 +40,15 @@ struct Sample {
     lag: u64,
     /// The sum of every subscription's position: how far they all went.
     progress: u64,
-    /// Each subscription's positions summed over its shards.
-    by_subscription: Arc<std::collections::HashMap<String, u64>>,
+    /// Each subscription's position in each shard.
+    by_subscription: Arc<std::collections::HashMap<String, Vec<u64>>>,
+}
+
+/// A subscription's delivery rate (events per second): in all, and per shard (its tasks).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rate {
+    pub total: f64,
+    pub shards: Vec<f64>,
 }
 
 /// Recent samples, oldest first.
@@ -60,7 +67,7 @@ impl History {
     /// Delivered events per second of each subscription over the sampled window (the
     /// newest sample against the oldest within the window), cluster-wide; empty until
     /// there are two samples. Asking starts the sampling.
-    pub fn rates(&self) -> std::collections::HashMap<String, f64> {
+    pub fn rates(&self) -> std::collections::HashMap<String, Rate> {
         self.asked_now();
         let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         let Some(newest) = samples.back() else {
@@ -78,11 +85,19 @@ impl History {
         newest
             .by_subscription
             .iter()
-            .filter_map(|(id, at)| {
+            .filter_map(|(id, now)| {
                 let base = window.iter().find(|s| s.by_subscription.contains_key(id))?;
-                let from = base.by_subscription.get(id).copied()?;
+                let from = base.by_subscription.get(id)?;
                 let secs = newest.at.duration_since(base.at).as_secs_f64();
-                Some((id.clone(), at.saturating_sub(from) as f64 / secs))
+                let shards: Vec<f64> = now
+                    .iter()
+                    .enumerate()
+                    .map(|(i, at)| {
+                        at.saturating_sub(from.get(i).copied().unwrap_or(*at)) as f64 / secs
+                    })
+                    .collect();
+                let total = shards.iter().sum();
+                Some((id.clone(), Rate { total, shards }))
             })
             .collect()
     }
@@ -125,8 +140,8 @@ struct Snapshot {
     progress: u64,
     /// (subscription, lag), largest first.
     by_subscription: Vec<(String, u64)>,
-    /// Each subscription's positions summed over its shards.
-    progress_by_subscription: std::collections::HashMap<String, u64>,
+    /// Each subscription's position in each shard.
+    progress_by_subscription: std::collections::HashMap<String, Vec<u64>>,
     tasks: u64,
 }
 
@@ -162,7 +177,7 @@ async fn snapshot(state: &IngressState) -> Result<Snapshot, StoreError> {
             .collect();
         tasks += u64::from(log.shards());
         let mut sub_lag = vec![0u64; subscriptions.len()];
-        let mut sub_progress = vec![0u64; subscriptions.len()];
+        let mut sub_progress = vec![Vec::with_capacity(log.shards() as usize); subscriptions.len()];
         for shard in 0..log.shards() {
             let end = log.end(shard).await?;
             let group = positions.peek_group(bus, shard).await?;
@@ -170,7 +185,7 @@ async fn snapshot(state: &IngressState) -> Result<Snapshot, StoreError> {
                 // A subscription with no position yet starts at the end of the shard.
                 let at = group.of(&id[prefix.len()..]).unwrap_or(end).min(end);
                 sub_lag[i] += end - at;
-                sub_progress[i] += at;
+                sub_progress[i].push(at);
                 progress += at;
             }
         }
@@ -335,15 +350,21 @@ mod tests {
             at: t0 + Duration::from_secs(secs),
             lag: 0,
             progress: 0,
-            by_subscription: Arc::new(pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()),
+            by_subscription: Arc::new(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), vec![*v, 2 * *v]))
+                    .collect(),
+            ),
         };
         assert!(history.rates().is_empty(), "no samples, no rates");
         history.push(sample(0, &[("a", 0)]));
         history.push(sample(5, &[("a", 50), ("b", 0)]));
         history.push(sample(10, &[("a", 100), ("b", 40)]));
         let rates = history.rates();
-        assert_eq!(rates["a"], 10.0);
-        assert_eq!(rates["b"], 8.0, "measured from its own first sample");
+        assert_eq!(rates["a"].shards, [10.0, 20.0]);
+        assert_eq!(rates["a"].total, 30.0);
+        assert_eq!(rates["b"].total, 24.0, "measured from its own first sample");
     }
 
     #[test]

@@ -683,6 +683,15 @@ async fn a_rule_made_on_one_replica_runs_on_the_other_and_survives_a_restart_wit
             .await;
         if let Some(rate) = view["rate"].as_f64() {
             assert!(rate >= 0.0, "{view}");
+            // Per task (shard) too, and the connector's is their sum.
+            let tasks: Vec<f64> = view["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["rate"].as_f64().unwrap())
+                .collect();
+            assert_eq!(tasks.len(), 2, "{view}");
+            assert!((tasks.iter().sum::<f64>() - rate).abs() < 0.05, "{view}");
             break;
         }
         assert!(
