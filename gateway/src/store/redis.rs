@@ -15,6 +15,7 @@
 //! {p}:paused                   set of paused connector and task ids
 //! {p}:restarts                 hash: connector or task id -> restart generation
 //! {p}:status                   hash: connector or task id -> status JSON
+//! {p}:replays                  hash: replay id -> replay status JSON (see `replay`)
 //! {p}:notices                  pub/sub channel: join, leave, config and control notices
 //! ```
 //!
