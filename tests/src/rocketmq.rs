@@ -69,7 +69,19 @@ impl RocketMqBuilder {
     }
 
     pub async fn start(self) -> RocketMq {
-        RocketMq::start_with(self).await
+        // On a loaded machine a port picked free may be taken before the broker binds it
+        // (the broker then exits at start-up): start again on fresh ports and a fresh store,
+        // at most three times, before failing.
+        for attempt in 1..=3 {
+            match RocketMq::start_with(&self).await {
+                Ok(mq) => return mq,
+                Err(e) if attempt < 3 => {
+                    eprintln!("RocketMQ did not start (attempt {attempt}); trying again on fresh ports:\n{e}");
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        unreachable!("the last attempt panics")
     }
 }
 
@@ -95,7 +107,7 @@ impl RocketMq {
         RocketMq::builder().start().await
     }
 
-    async fn start_with(options: RocketMqBuilder) -> RocketMq {
+    async fn start_with(options: &RocketMqBuilder) -> Result<RocketMq, String> {
         let bin = rocketmq_bin();
         let dir = tempfile::tempdir().expect("temp dir");
         let home = dir.path().to_path_buf();
@@ -170,14 +182,20 @@ mappedFileSizeCommitLog = 67108864
             namesrv_port,
             broker_port,
         };
-        mq.wait_port(namesrv_port, "name server").await;
-        mq.spawn_broker().await;
-        mq
+        mq.try_wait_port(namesrv_port, "name server").await?;
+        mq.try_spawn_broker().await?;
+        Ok(mq)
     }
 
     /// Starts the broker (again) on its configuration and store; its output is appended to
     /// `broker.log` / `broker.err`.
     async fn spawn_broker(&mut self) {
+        if let Err(e) = self.try_spawn_broker().await {
+            panic!("{e}");
+        }
+    }
+
+    async fn try_spawn_broker(&mut self) -> Result<(), String> {
         let home = self.dir.path();
         let log = |name: &str| {
             fs::OpenOptions::new()
@@ -198,7 +216,7 @@ mappedFileSizeCommitLog = 67108864
             .spawn()
             .expect("start rocketmq-broker-rust");
         self.broker = Some(broker);
-        self.wait_port(self.broker_port, "broker").await;
+        self.try_wait_port(self.broker_port, "broker").await
     }
 
     /// Stops the broker with SIGTERM (as an orderly restart does), waits for it to exit
@@ -225,7 +243,7 @@ mappedFileSizeCommitLog = 67108864
         self.spawn_broker().await;
     }
 
-    async fn wait_port(&mut self, port: u16, what: &str) {
+    async fn try_wait_port(&mut self, port: u16, what: &str) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let exited = [self.namesrv.as_mut(), self.broker.as_mut()]
@@ -233,19 +251,20 @@ mappedFileSizeCommitLog = 67108864
                 .flatten()
                 .find_map(|child| child.try_wait().ok().flatten());
             if let Some(status) = exited {
-                panic!("RocketMQ {what} exited ({status}):\n{}", self.logs());
+                return Err(format!(
+                    "RocketMQ {what} exited ({status}):\n{}",
+                    self.logs()
+                ));
             }
             if tokio::net::TcpStream::connect(("127.0.0.1", port))
                 .await
                 .is_ok()
             {
-                return;
+                return Ok(());
             }
-            assert!(
-                Instant::now() < deadline,
-                "RocketMQ {what} not listening:\n{}",
-                self.logs()
-            );
+            if Instant::now() >= deadline {
+                return Err(format!("RocketMQ {what} not listening:\n{}", self.logs()));
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
