@@ -50,14 +50,14 @@ async fn cluster(State(state): State<Arc<IngressState>>) -> Response {
     }
 }
 
-async fn connector_action(
+pub(crate) async fn connector_action(
     State(state): State<Arc<IngressState>>,
     Path((bus, rule, target, action)): Path<(String, String, String, String)>,
 ) -> Response {
     act(&state, &format!("{bus}/{rule}/{target}"), None, &action).await
 }
 
-async fn task_action(
+pub(crate) async fn task_action(
     State(state): State<Arc<IngressState>>,
     Path((bus, rule, target, shard, action)): Path<(String, String, String, u32, String)>,
 ) -> Response {
@@ -70,14 +70,14 @@ async fn task_action(
     .await
 }
 
-async fn source_action(
+pub(crate) async fn source_action(
     State(state): State<Arc<IngressState>>,
     Path((name, action)): Path<(String, String)>,
 ) -> Response {
     act(&state, &format!("source/{name}"), None, &action).await
 }
 
-async fn source_task_action(
+pub(crate) async fn source_task_action(
     State(state): State<Arc<IngressState>>,
     Path((name, index, action)): Path<(String, u32, String)>,
 ) -> Response {

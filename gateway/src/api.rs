@@ -148,10 +148,13 @@ pub fn routes(state: Arc<IngressState>) -> Router {
             "/api/v1/sources/{source}",
             get(get_source).put(put_source).delete(delete_source),
         )
-        .route("/api/v1/sources/{source}/{action}", post(source_action))
+        .route(
+            "/api/v1/sources/{source}/{action}",
+            post(crate::admin::source_action),
+        )
         .route(
             "/api/v1/sources/{source}/tasks/{index}/{action}",
-            post(source_task_action),
+            post(crate::admin::source_task_action),
         )
         .route("/api/v1/connectors", get(list_connectors))
         .route(
@@ -160,11 +163,11 @@ pub fn routes(state: Arc<IngressState>) -> Router {
         )
         .route(
             "/api/v1/connectors/{bus}/{rule}/{target}/{action}",
-            post(connector_action),
+            post(crate::admin::connector_action),
         )
         .route(
             "/api/v1/connectors/{bus}/{rule}/{target}/tasks/{shard}/{action}",
-            post(task_action),
+            post(crate::admin::task_action),
         )
         .route("/api/v1/cluster", get(cluster))
         .route("/api/v1/webhooks", get(list_webhooks))
@@ -605,56 +608,177 @@ fn written(created: bool, location: String, value: Value, version: u64) -> Respo
     response
 }
 
+/// One resource of the catalog as the write handlers address it.
+struct Addressed<T> {
+    kind: Kind,
+    /// Its key in the version map.
+    key: String,
+    /// How messages name it (`rule \`r\` on bus \`b\``).
+    what: String,
+    /// Its URL (`Location` of a created one).
+    location: String,
+    /// The 404 when it is not there.
+    missing: Problem,
+    list: fn(&Channels) -> &Vec<T>,
+    list_mut: fn(&mut Channels) -> &mut Vec<T>,
+    view: fn(&Snapshot, &T) -> Value,
+}
+
+fn buses_of(c: &Channels) -> &Vec<BusConfig> {
+    &c.buses
+}
+fn buses_mut(c: &mut Channels) -> &mut Vec<BusConfig> {
+    &mut c.buses
+}
+fn rules_of(c: &Channels) -> &Vec<RuleConfig> {
+    &c.rules
+}
+fn rules_mut(c: &mut Channels) -> &mut Vec<RuleConfig> {
+    &mut c.rules
+}
+fn sources_of(c: &Channels) -> &Vec<SourceConfig> {
+    &c.sources
+}
+fn sources_mut(c: &mut Channels) -> &mut Vec<SourceConfig> {
+    &mut c.sources
+}
+
+fn bus_addressed(bus: &str) -> Addressed<BusConfig> {
+    Addressed {
+        kind: Kind::Bus,
+        key: catalog::bus_key(bus),
+        what: format!("bus `{bus}`"),
+        location: format!("/api/v1/buses/{bus}"),
+        missing: no_bus(bus),
+        list: buses_of,
+        list_mut: buses_mut,
+        view: bus_view,
+    }
+}
+
+fn rule_addressed(bus: &str, rule: &str) -> Addressed<RuleConfig> {
+    Addressed {
+        kind: Kind::Rule,
+        key: catalog::rule_key(bus, rule),
+        what: format!("rule `{rule}` on bus `{bus}`"),
+        location: format!("/api/v1/buses/{bus}/rules/{rule}"),
+        missing: Problem::unknown(format!("no rule `{rule}` on bus `{bus}`")).with_field("rule"),
+        list: rules_of,
+        list_mut: rules_mut,
+        view: rule_view,
+    }
+}
+
+fn source_addressed(name: &str) -> Addressed<SourceConfig> {
+    Addressed {
+        kind: Kind::Source,
+        key: catalog::source_key(name),
+        what: format!("source `{name}`"),
+        location: format!("/api/v1/sources/{name}"),
+        missing: Problem::unknown(format!("no source `{name}`")).with_field("source"),
+        list: sources_of,
+        list_mut: sources_mut,
+        view: source_view,
+    }
+}
+
+/// `PUT` of a resource: creates (201) or replaces (200) it under the request's
+/// preconditions, after `precheck` (which may refuse, e.g. a rule of a missing bus).
+async fn put_resource<T: Clone>(
+    state: &IngressState,
+    headers: &HeaderMap,
+    at: Addressed<T>,
+    resource: T,
+    is: impl Fn(&T) -> bool,
+    precheck: impl Fn(&Snapshot) -> Result<(), Problem>,
+) -> Response {
+    let catalog = match catalog_of(state) {
+        Ok(c) => c,
+        Err(p) => return p.into_response(),
+    };
+    let pre = Preconditions::from(headers);
+    let mut attempted = None;
+    let result = catalog
+        .change(|s| {
+            precheck(s)?;
+            let found = (at.list)(&s.channels).iter().position(&is);
+            pre.check(found.map(|_| s.version_of(&at.key)), &at.what)?;
+            let mut next = s.channels.clone();
+            match found {
+                Some(i) => (at.list_mut)(&mut next)[i] = resource.clone(),
+                None => (at.list_mut)(&mut next).push(resource.clone()),
+            }
+            attempted = Some(next.clone());
+            Ok((Some(next), found.is_none()))
+        })
+        .await;
+    match result {
+        Ok(done) => {
+            let s = &done.snapshot;
+            let Some(stored) = (at.list)(&s.channels).iter().find(|r| is(r)) else {
+                return Problem::internal(format!(
+                    "{} is not in the catalog after writing it",
+                    at.what
+                ))
+                .into_response();
+            };
+            written(
+                done.value,
+                at.location.clone(),
+                (at.view)(s, stored),
+                s.version_of(&at.key),
+            )
+        }
+        Err(e) => change_problem(e, at.kind, &at.key, attempted.as_ref()).into_response(),
+    }
+}
+
+/// `DELETE` of a resource (204) under the request's preconditions, unless `in_use` refuses.
+async fn delete_resource<T>(
+    state: &IngressState,
+    headers: &HeaderMap,
+    at: Addressed<T>,
+    is: impl Fn(&T) -> bool,
+    in_use: impl Fn(&Snapshot) -> Result<(), Problem>,
+) -> Response {
+    let catalog = match catalog_of(state) {
+        Ok(c) => c,
+        Err(p) => return p.into_response(),
+    };
+    let pre = Preconditions::from(headers);
+    let result = catalog
+        .change(|s| {
+            let Some(found) = (at.list)(&s.channels).iter().position(&is) else {
+                return Err(at.missing.clone());
+            };
+            pre.check(Some(s.version_of(&at.key)), &at.what)?;
+            in_use(s)?;
+            let mut next = s.channels.clone();
+            (at.list_mut)(&mut next).remove(found);
+            Ok((Some(next), ()))
+        })
+        .await;
+    match result {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => change_problem(e, at.kind, &at.key, None).into_response(),
+    }
+}
+
 async fn put_bus(
     State(state): State<Arc<IngressState>>,
     Path(bus): Path<String>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let catalog = match catalog_of(&state) {
-        Ok(c) => c,
-        Err(p) => return p.into_response(),
-    };
     let resource: BusConfig = match parse_resource(&body, &[("name", &bus)]) {
         Ok(r) => r,
         Err(p) => return p.into_response(),
     };
-    let pre = Preconditions::from(&headers);
-    let key = catalog::bus_key(&bus);
-    let mut attempted = None;
-    let result = catalog
-        .change(|s| {
-            let at = s
-                .channels
-                .buses
-                .iter()
-                .position(|b| *b.name.get_ref() == bus);
-            pre.check(at.map(|_| s.version_of(&key)), &format!("bus `{bus}`"))?;
-            let mut next = s.channels.clone();
-            match at {
-                Some(i) => next.buses[i] = resource.clone(),
-                None => next.buses.push(resource.clone()),
-            }
-            attempted = Some(next.clone());
-            Ok((Some(next), at.is_none()))
-        })
-        .await;
-    match result {
-        Ok(done) => {
-            let s = &done.snapshot;
-            let Some(b) = s.channels.buses.iter().find(|b| *b.name.get_ref() == bus) else {
-                return Problem::internal("the bus is not in the catalog after writing it")
-                    .into_response();
-            };
-            written(
-                done.value,
-                format!("/api/v1/buses/{bus}"),
-                bus_view(s, b),
-                s.version_of(&key),
-            )
-        }
-        Err(e) => change_problem(e, Kind::Bus, &key, attempted.as_ref()).into_response(),
-    }
+    let is = |b: &BusConfig| *b.name.get_ref() == bus;
+    put_resource(&state, &headers, bus_addressed(&bus), resource, is, |_| {
+        Ok(())
+    })
+    .await
 }
 
 async fn put_rule(
@@ -663,61 +787,27 @@ async fn put_rule(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let catalog = match catalog_of(&state) {
-        Ok(c) => c,
-        Err(p) => return p.into_response(),
-    };
     let resource: RuleConfig = match parse_resource(&body, &[("name", &rule), ("bus", &bus)]) {
         Ok(r) => r,
         Err(p) => return p.into_response(),
     };
-    let pre = Preconditions::from(&headers);
-    let key = catalog::rule_key(&bus, &rule);
-    let mut attempted = None;
-    let result = catalog
-        .change(|s| {
-            if !s.channels.buses.iter().any(|b| *b.name.get_ref() == bus) {
-                return Err(no_bus(&bus));
-            }
-            let at = s
-                .channels
-                .rules
-                .iter()
-                .position(|r| *r.bus.get_ref() == bus && *r.name.get_ref() == rule);
-            pre.check(
-                at.map(|_| s.version_of(&key)),
-                &format!("rule `{rule}` on bus `{bus}`"),
-            )?;
-            let mut next = s.channels.clone();
-            match at {
-                Some(i) => next.rules[i] = resource.clone(),
-                None => next.rules.push(resource.clone()),
-            }
-            attempted = Some(next.clone());
-            Ok((Some(next), at.is_none()))
-        })
-        .await;
-    match result {
-        Ok(done) => {
-            let s = &done.snapshot;
-            let Some(r) = s
-                .channels
-                .rules
-                .iter()
-                .find(|r| *r.bus.get_ref() == bus && *r.name.get_ref() == rule)
-            else {
-                return Problem::internal("the rule is not in the catalog after writing it")
-                    .into_response();
-            };
-            written(
-                done.value,
-                format!("/api/v1/buses/{bus}/rules/{rule}"),
-                rule_view(s, r),
-                s.version_of(&key),
-            )
+    let is = |r: &RuleConfig| *r.bus.get_ref() == bus && *r.name.get_ref() == rule;
+    let bus_exists = |s: &Snapshot| {
+        if s.channels.buses.iter().any(|b| *b.name.get_ref() == bus) {
+            Ok(())
+        } else {
+            Err(no_bus(&bus))
         }
-        Err(e) => change_problem(e, Kind::Rule, &key, attempted.as_ref()).into_response(),
-    }
+    };
+    put_resource(
+        &state,
+        &headers,
+        rule_addressed(&bus, &rule),
+        resource,
+        is,
+        bus_exists,
+    )
+    .await
 }
 
 async fn put_source(
@@ -726,46 +816,20 @@ async fn put_source(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let catalog = match catalog_of(&state) {
-        Ok(c) => c,
-        Err(p) => return p.into_response(),
-    };
     let resource: SourceConfig = match parse_resource(&body, &[("name", &name)]) {
         Ok(r) => r,
         Err(p) => return p.into_response(),
     };
-    let pre = Preconditions::from(&headers);
-    let key = catalog::source_key(&name);
-    let mut attempted = None;
-    let result = catalog
-        .change(|s| {
-            let at = s.channels.sources.iter().position(|r| r.name() == name);
-            pre.check(at.map(|_| s.version_of(&key)), &format!("source `{name}`"))?;
-            let mut next = s.channels.clone();
-            match at {
-                Some(i) => next.sources[i] = resource.clone(),
-                None => next.sources.push(resource.clone()),
-            }
-            attempted = Some(next.clone());
-            Ok((Some(next), at.is_none()))
-        })
-        .await;
-    match result {
-        Ok(done) => {
-            let s = &done.snapshot;
-            let Some(r) = s.channels.sources.iter().find(|r| r.name() == name) else {
-                return Problem::internal("the source is not in the catalog after writing it")
-                    .into_response();
-            };
-            written(
-                done.value,
-                format!("/api/v1/sources/{name}"),
-                source_view(s, r),
-                s.version_of(&key),
-            )
-        }
-        Err(e) => change_problem(e, Kind::Source, &key, attempted.as_ref()).into_response(),
-    }
+    let is = |r: &SourceConfig| r.name() == name;
+    put_resource(
+        &state,
+        &headers,
+        source_addressed(&name),
+        resource,
+        is,
+        |_| Ok(()),
+    )
+    .await
 }
 
 async fn delete_bus(
@@ -773,10 +837,6 @@ async fn delete_bus(
     Path(bus): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let catalog = match catalog_of(&state) {
-        Ok(c) => c,
-        Err(p) => return p.into_response(),
-    };
     // What this replica's own file ties to the bus (webhook sources, schemas).
     let webhooks = state.webhooks();
     let local: Vec<String> = webhooks
@@ -789,46 +849,33 @@ async fn delete_bus(
                 .map(|_| "its JSON Schemas".to_string()),
         )
         .collect();
-    let pre = Preconditions::from(&headers);
-    let key = catalog::bus_key(&bus);
-    let result = catalog
-        .change(|s| {
-            let Some(at) = s
-                .channels
-                .buses
-                .iter()
-                .position(|b| *b.name.get_ref() == bus)
-            else {
-                return Err(no_bus(&bus));
-            };
-            pre.check(Some(s.version_of(&key)), &format!("bus `{bus}`"))?;
-            let mut users: Vec<String> = s
-                .channels
-                .rules
-                .iter()
-                .filter(|r| *r.bus.get_ref() == bus)
-                .map(|r| format!("rule `{}`", r.name.get_ref()))
-                .chain(
-                    s.channels
-                        .sources
-                        .iter()
-                        .filter(|r| r.bus() == bus)
-                        .map(|r| format!("source `{}`", r.name())),
-                )
-                .collect();
-            users.extend(local.iter().cloned());
-            if !users.is_empty() {
-                return Err(Problem::conflict(format!(
-                    "bus `{bus}` is used by {}; delete those first",
-                    users.join(", ")
-                )));
-            }
-            let mut next = s.channels.clone();
-            next.buses.remove(at);
-            Ok((Some(next), ()))
-        })
-        .await;
-    deleted(result, Kind::Bus, &key)
+    let unused = |s: &Snapshot| {
+        let mut users: Vec<String> = s
+            .channels
+            .rules
+            .iter()
+            .filter(|r| *r.bus.get_ref() == bus)
+            .map(|r| format!("rule `{}`", r.name.get_ref()))
+            .chain(
+                s.channels
+                    .sources
+                    .iter()
+                    .filter(|r| r.bus() == bus)
+                    .map(|r| format!("source `{}`", r.name())),
+            )
+            .collect();
+        users.extend(local.iter().cloned());
+        if users.is_empty() {
+            Ok(())
+        } else {
+            Err(Problem::conflict(format!(
+                "bus `{bus}` is used by {}; delete those first",
+                users.join(", ")
+            )))
+        }
+    };
+    let is = |b: &BusConfig| *b.name.get_ref() == bus;
+    delete_resource(&state, &headers, bus_addressed(&bus), is, unused).await
 }
 
 async fn delete_rule(
@@ -836,34 +883,15 @@ async fn delete_rule(
     Path((bus, rule)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    let catalog = match catalog_of(&state) {
-        Ok(c) => c,
-        Err(p) => return p.into_response(),
-    };
-    let pre = Preconditions::from(&headers);
-    let key = catalog::rule_key(&bus, &rule);
-    let result = catalog
-        .change(|s| {
-            let Some(at) = s
-                .channels
-                .rules
-                .iter()
-                .position(|r| *r.bus.get_ref() == bus && *r.name.get_ref() == rule)
-            else {
-                return Err(
-                    Problem::unknown(format!("no rule `{rule}` on bus `{bus}`")).with_field("rule")
-                );
-            };
-            pre.check(
-                Some(s.version_of(&key)),
-                &format!("rule `{rule}` on bus `{bus}`"),
-            )?;
-            let mut next = s.channels.clone();
-            next.rules.remove(at);
-            Ok((Some(next), ()))
-        })
-        .await;
-    deleted(result, Kind::Rule, &key)
+    let is = |r: &RuleConfig| *r.bus.get_ref() == bus && *r.name.get_ref() == rule;
+    delete_resource(
+        &state,
+        &headers,
+        rule_addressed(&bus, &rule),
+        is,
+        |_| Ok(()),
+    )
+    .await
 }
 
 async fn delete_source(
@@ -871,35 +899,8 @@ async fn delete_source(
     Path(name): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let catalog = match catalog_of(&state) {
-        Ok(c) => c,
-        Err(p) => return p.into_response(),
-    };
-    let pre = Preconditions::from(&headers);
-    let key = catalog::source_key(&name);
-    let result = catalog
-        .change(|s| {
-            let Some(at) = s.channels.sources.iter().position(|r| r.name() == name) else {
-                return Err(Problem::unknown(format!("no source `{name}`")).with_field("source"));
-            };
-            pre.check(Some(s.version_of(&key)), &format!("source `{name}`"))?;
-            let mut next = s.channels.clone();
-            next.sources.remove(at);
-            Ok((Some(next), ()))
-        })
-        .await;
-    deleted(result, Kind::Source, &key)
-}
-
-fn deleted(
-    result: Result<catalog::Changed<()>, ChangeError<Problem>>,
-    kind: Kind,
-    key: &str,
-) -> Response {
-    match result {
-        Ok(_) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => change_problem(e, kind, key, None).into_response(),
-    }
+    let is = |r: &SourceConfig| r.name() == name;
+    delete_resource(&state, &headers, source_addressed(&name), is, |_| Ok(())).await
 }
 
 /// `POST /api/v1/catalog/apply`: makes the catalog hold a file's resources, as one change.
@@ -1194,40 +1195,6 @@ async fn get_connector(
         Ok(statuses) => Json(connector_view(&state, &id, &statuses, &rates).await).into_response(),
         Err(p) => p.into_response(),
     }
-}
-
-async fn connector_action(
-    State(state): State<Arc<IngressState>>,
-    Path((bus, rule, target, action)): Path<(String, String, String, String)>,
-) -> Response {
-    crate::admin::act(&state, &format!("{bus}/{rule}/{target}"), None, &action).await
-}
-
-async fn task_action(
-    State(state): State<Arc<IngressState>>,
-    Path((bus, rule, target, shard, action)): Path<(String, String, String, u32, String)>,
-) -> Response {
-    crate::admin::act(
-        &state,
-        &format!("{bus}/{rule}/{target}"),
-        Some(shard),
-        &action,
-    )
-    .await
-}
-
-async fn source_action(
-    State(state): State<Arc<IngressState>>,
-    Path((name, action)): Path<(String, String)>,
-) -> Response {
-    crate::admin::act(&state, &format!("source/{name}"), None, &action).await
-}
-
-async fn source_task_action(
-    State(state): State<Arc<IngressState>>,
-    Path((name, index, action)): Path<(String, u32, String)>,
-) -> Response {
-    crate::admin::act(&state, &format!("source/{name}"), Some(index), &action).await
 }
 
 async fn cluster(State(state): State<Arc<IngressState>>) -> Response {
