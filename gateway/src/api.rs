@@ -1467,7 +1467,7 @@ async fn start_replay_inner(
 }
 
 /// Replays of `bus`, newest first. A replay still `RUNNING` on a worker that left the
-/// cluster shows as `FAILED`.
+/// cluster says so in `reason` until another replica takes it over.
 async fn replays_of(state: &IngressState, bus: &str) -> Result<Vec<Value>, Problem> {
     let store = state
         .replays
@@ -1482,9 +1482,8 @@ async fn replays_of(state: &IngressState, bus: &str) -> Result<Vec<Value>, Probl
         .into_iter()
         .map(|mut r| {
             if r.state == "RUNNING" && !members.contains(&r.worker) {
-                r.state = "FAILED".to_string();
                 r.reason = Some(format!(
-                    "worker `{}`, which ran it, left the cluster",
+                    "worker `{}`, which ran it, left the cluster; another replica takes it over",
                     r.worker
                 ));
             }
@@ -1536,16 +1535,21 @@ async fn cancel_replay(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&id);
-    match cancel {
-        Some(cancel) => {
-            let _ = cancel.send(true);
-            StatusCode::NO_CONTENT.into_response()
+    if let Some(cancel) = cancel {
+        if cancel.send(true).is_ok() {
+            return StatusCode::NO_CONTENT.into_response();
         }
-        None => Problem::conflict(format!(
-            "replay `{id}` runs on worker `{}`: cancel it there",
-            replay["worker"].as_str().unwrap_or("?")
-        ))
-        .into_response(),
+    }
+    // Running on another worker (or its run here already ended): mark it in the store;
+    // the worker running it stops at its next progress record.
+    let store = state
+        .replays
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    match crate::replay::cancel_anywhere(store.as_ref(), &id, state.cluster.worker_id()).await {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => store_problem(&e).into_response(),
     }
 }
 

@@ -268,6 +268,11 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
     if let Logs::Redis(redis) = &logs {
         *state.replays.write().unwrap_or_else(|p| p.into_inner()) =
             Arc::new(crate::replay::RedisReplays::new(redis.clone()));
+        tokio::spawn(crate::replay::adopt_orphans(
+            state.clone(),
+            std::time::Duration::from_secs(2),
+            stop.clone(),
+        ));
     }
     tokio::spawn(crate::scaling::sample(state.clone(), stop.clone()));
     let logs = Arc::new(logs);
@@ -481,15 +486,13 @@ fn build_plan(
         let rules = rules_by_bus.remove(name.as_str()).unwrap_or_default();
         buses.insert(
             name.clone(),
-            Arc::new(
+            Arc::new({
+                let bus = channels.buses.iter().find(|b| b.name.get_ref() == name);
                 BusPlan::new(name, log.clone(), rules).with_retention(
-                    channels
-                        .buses
-                        .iter()
-                        .find(|b| b.name.get_ref() == name)
-                        .and_then(|b| b.retention),
-                ),
-            ),
+                    bus.and_then(|b| b.retention),
+                    bus.and_then(|b| b.retention_bytes),
+                )
+            }),
         );
     }
     let mut sources = Vec::new();
