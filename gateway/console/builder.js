@@ -12,7 +12,7 @@
 
 import * as api from "./api.js";
 import { announce, append, button, clip, confirmDialog, field, h, keyed, notice, replace, select, setFieldError, setText, svg, uid } from "./dom.js";
-import { badge, brief, count, duration, json, time } from "./format.js";
+import { badge, brief, bytes, count, duration, json, time } from "./format.js";
 import { RETRY_FIELDS, STEP_FIELDS, TARGET_FIELDS, displayValue, parseValue } from "./fields.js";
 import { BODY_FORMS, Graph, LOCAL_TARGETS, NAME_PATTERN, STEP_FORMS, STEP_INFO, TARGET_INFO, TARGET_TYPES, canonical, clone, getPath, label, newStep, newTarget, setPath } from "./graph.js";
 
@@ -688,7 +688,12 @@ class Builder {
         { class: "facts" },
         fact("Bus", clip(b.name)),
         fact("Shards", count(b.shards)),
-        fact("Retention", b.retention ? duration(b.retention) : "none (events go once every subscription passed them)"),
+        fact(
+          "Retention",
+          b.retention || b.retention_bytes
+            ? [b.retention ? duration(b.retention) : null, b.retention_bytes ? `at most ${bytes(b.retention_bytes)}` : null].filter(Boolean).join(", ")
+            : "none (events go once every subscription passed them)",
+        ),
         fact("Deduplication", b.dedup_window ? duration(b.dedup_window) : "off"),
         fact("Producers post to", clip(`POST /buses/${b.name}/events`)),
       ),

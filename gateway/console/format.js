@@ -10,6 +10,18 @@ export function count(n) {
   return n === null || n === undefined ? "—" : numberFormat.format(n);
 }
 
+/** A byte count in binary units: 1536 -> "1.5 KiB". */
+export function bytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let value = Number(n) || 0;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return `${unit === 0 ? value : value.toFixed(value < 10 ? 1 : 0)} ${units[unit]}`;
+}
+
 /** Milliseconds since the epoch as a local date and time. */
 export function time(ms) {
   if (ms === null || ms === undefined || ms === "") return "—";

@@ -75,6 +75,9 @@ pub struct Config {
     /// The admin API's own address: the same as `admin.listen` (one or the other).
     #[serde(default)]
     pub admin_listen: Option<SocketAddr>,
+    /// `[tracing]`: span export over OTLP.
+    #[serde(default)]
+    pub tracing: TracingConfig,
     #[serde(default)]
     pub buses: Vec<BusConfig>,
     #[serde(default)]
@@ -93,6 +96,80 @@ pub struct Config {
     /// The configuration file's directory (relative schema paths start there).
     #[serde(skip)]
     pub base_dir: PathBuf,
+}
+
+/// `[tracing]`: where the gateway's spans (`request`, `deliver`) go.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingConfig {
+    /// An OTLP/HTTP collector's base address (`http://otel-collector:4318`): spans are
+    /// posted to `{otlp_endpoint}/v1/traces`. Absent: no export. Needs the cargo feature
+    /// `otlp` (on by default).
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+    /// Headers sent with each export (an API key of a hosted collector); `env:NAME` values
+    /// are read from the environment.
+    #[serde(default)]
+    pub otlp_headers: std::collections::BTreeMap<String, String>,
+    /// The `service.name` of the exported resource.
+    #[serde(default = "defaults::service_name")]
+    pub service_name: String,
+}
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        TracingConfig {
+            otlp_endpoint: None,
+            otlp_headers: Default::default(),
+            service_name: defaults::service_name(),
+        }
+    }
+}
+
+/// Where spans go, checked and with the headers' `env:` values read.
+#[derive(Debug, Clone)]
+pub struct OtlpExport {
+    pub endpoint: String,
+    pub headers: Vec<(String, String)>,
+}
+
+impl TracingConfig {
+    /// The export settings when export is on: the endpoint checked and the headers read.
+    pub fn resolve(&self) -> Result<Option<OtlpExport>, String> {
+        let Some(endpoint) = &self.otlp_endpoint else {
+            return Ok(None);
+        };
+        if !cfg!(feature = "otlp") {
+            return Err("tracing.otlp_endpoint: this build has no OTLP export (build with the cargo feature `otlp`, on by default)".to_string());
+        }
+        match url::Url::parse(endpoint) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+            _ => {
+                return Err(format!(
+                    "tracing.otlp_endpoint must be an http(s) URL such as http://otel-collector:4318, not `{}`",
+                    redact_url(endpoint)
+                ))
+            }
+        }
+        let mut headers = Vec::new();
+        for (name, value) in &self.otlp_headers {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(format!(
+                    "tracing.otlp_headers: `{name}` is not a header name"
+                ));
+            }
+            let value = crate::targets::secret(value)
+                .map_err(|e| format!("tracing.otlp_headers.{name}: {}", e.message))?;
+            if http::HeaderValue::from_str(&value).is_err() {
+                return Err(format!("tracing.otlp_headers.{name}: not a header value"));
+            }
+            headers.push((name.clone(), value));
+        }
+        Ok(Some(OtlpExport {
+            endpoint: endpoint.clone(),
+            headers,
+        }))
+    }
 }
 
 /// `[admin]`: who may use the admin API and where it listens.
@@ -304,6 +381,11 @@ pub struct BusConfig {
         serialize_with = "ser_optional_duration"
     )]
     pub retention: Option<Duration>,
+    /// Opt-in: keep up to this many bytes of passed events per bus (split evenly among its
+    /// shards; the newest are kept). With `retention` too, an event goes once either
+    /// bound passes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_bytes: Option<u64>,
 }
 
 fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -710,6 +792,10 @@ mod defaults {
     use std::net::SocketAddr;
     use std::path::PathBuf;
 
+    pub(super) fn service_name() -> String {
+        "sluice".to_string()
+    }
+
     pub(super) fn listen() -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 8080))
     }
@@ -890,6 +976,14 @@ impl Channels {
                 return Err(bad(
                     "/shards",
                     format!("bus `{name}`: shards must be between 1 and 1024"),
+                ));
+            }
+            if bus.retention_bytes == Some(0) {
+                return Err(bad(
+                    "/retention_bytes",
+                    format!(
+                        "bus `{name}`: retention_bytes must be at least 1 (leave it out for none)"
+                    ),
                 ));
             }
         }
@@ -1111,6 +1205,13 @@ impl Config {
             line: line_of(text, span.start),
             message,
         };
+        self.tracing
+            .resolve()
+            .map_err(|message| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                line: find_line(text, "otlp_"),
+                message,
+            })?;
         if self.mode == Mode::Distributed && self.redis_url.is_none() {
             return Err(ConfigError::Invalid {
                 path: path.to_path_buf(),

@@ -91,6 +91,9 @@ pub struct BusPlan {
     /// How long events are kept after acceptance even once every subscription passed
     /// them (for replays).
     pub retention: Option<Duration>,
+    /// How many bytes of passed events each shard keeps (the bus's `retention_bytes`
+    /// split among its shards).
+    pub retention_bytes: Option<u64>,
 }
 
 impl BusPlan {
@@ -138,12 +141,17 @@ impl BusPlan {
             needs_decode,
             digest: stable_hash(&digest),
             retention: None,
+            retention_bytes: None,
         }
     }
 
-    /// Keeps events `retention` after acceptance (see `retention`).
-    pub fn with_retention(mut self, retention: Option<Duration>) -> BusPlan {
-        self.retention = retention.filter(|r| !r.is_zero());
+    /// Keeps passed events `age` after acceptance and/or the newest `bytes` of them across
+    /// the bus (see `retention`); an event goes once either bound passes it.
+    pub fn with_retention(mut self, age: Option<Duration>, bytes: Option<u64>) -> BusPlan {
+        self.retention = age.filter(|r| !r.is_zero());
+        self.retention_bytes = bytes
+            .filter(|b| *b > 0)
+            .map(|b| (b / u64::from(self.log.shards().max(1))).max(1));
         self
     }
 
@@ -288,6 +296,7 @@ impl Worker {
             lost,
             reported: HashMap::new(),
             retained_from: HashMap::new(),
+            size_windows: HashMap::new(),
         };
         Worker {
             stop,
@@ -403,6 +412,8 @@ struct WorkerLoop {
     reported: HashMap<String, State>,
     /// Per bus shard with a retention: where the retained records start (the last release).
     retained_from: HashMap<(String, u32), Seq>,
+    /// Per owned (bus, shard) with `retention_bytes`: the bytes of passed records kept.
+    size_windows: HashMap<(String, u32), crate::replay::SizeWindow>,
 }
 
 impl WorkerLoop {
@@ -684,6 +695,18 @@ impl WorkerLoop {
     /// The shard task's committed positions cover all of its subscriptions, so this costs
     /// one call per owned shard, whatever the number of rules.
     async fn release_passed_records(&mut self) {
+        let owned: std::collections::HashSet<(&str, u32)> = self
+            .running
+            .values()
+            .filter_map(|r| match &r.kind {
+                TaskKind::Shard { bus, shard } => Some((bus.name.as_str(), *shard)),
+                _ => None,
+            })
+            .collect();
+        self.retained_from
+            .retain(|(bus, shard), _| owned.contains(&(bus.as_str(), *shard)));
+        self.size_windows
+            .retain(|(bus, shard), _| owned.contains(&(bus.as_str(), *shard)));
         for r in self.running.values() {
             let TaskKind::Shard { bus, shard } = &r.kind else {
                 continue;
@@ -691,28 +714,53 @@ impl WorkerLoop {
             let Some(mut min) = self.positions.committed_min(&bus.name, *shard) else {
                 continue;
             };
-            // A bus with a retention keeps what was accepted within it (read from the
-            // current plan, so a change of retention applies without a restart).
-            let retention = self
+            // A bus with a retention keeps what was accepted within it and/or the newest
+            // bytes of what was passed (read from the current plan, so a change of
+            // retention applies without a restart). With both, the tighter bound wins.
+            let (age, bytes) = self
                 .plan
                 .borrow()
                 .buses
                 .get(&bus.name)
-                .and_then(|b| b.retention);
-            if let Some(retention) = retention {
-                let cutoff = crate::store::now_ms().saturating_sub(retention.as_millis() as u64);
-                let key = (bus.name.clone(), *shard);
-                let lo = self.retained_from.get(&key).copied().unwrap_or(0).min(min);
+                .map_or((None, None), |b| (b.retention, b.retention_bytes));
+            let key = (bus.name.clone(), *shard);
+            let mut kept_from: Option<Seq> = None;
+            if let Some(age) = age {
+                let cutoff = crate::store::now_ms().saturating_sub(age.as_millis() as u64);
+                let lo = match self.retained_from.get(&key) {
+                    Some(lo) => *lo,
+                    None => bus.log.start(*shard).await.unwrap_or(0),
+                }
+                .min(min);
                 match crate::replay::first_after(bus.log.as_ref(), *shard, lo, min, cutoff).await {
                     Ok(boundary) => {
-                        min = boundary;
-                        self.retained_from.insert(key, boundary);
+                        kept_from = Some(boundary);
+                        self.retained_from.insert(key.clone(), boundary);
                     }
                     Err(e) => {
                         tracing::debug!(bus = %bus.name, shard, error = %e, "cannot find the retention boundary");
                         continue;
                     }
                 }
+            } else {
+                self.retained_from.remove(&key);
+            }
+            if let Some(bytes) = bytes {
+                let window = self.size_windows.entry(key).or_default();
+                match window.advance(bus.log.as_ref(), *shard, min, bytes).await {
+                    Ok(boundary) => {
+                        kept_from = Some(kept_from.map_or(boundary, |b| b.max(boundary)))
+                    }
+                    Err(e) => {
+                        tracing::debug!(bus = %bus.name, shard, error = %e, "cannot count the retained bytes");
+                        continue;
+                    }
+                }
+            } else {
+                self.size_windows.remove(&key);
+            }
+            if let Some(kept_from) = kept_from {
+                min = min.min(kept_from);
             }
             if let Err(e) = bus.log.release(*shard, min).await {
                 tracing::warn!(bus = %bus.name, shard, error = %e, "releasing passed records failed");

@@ -136,6 +136,10 @@ pub trait BusLog: Send + Sync + 'static {
     /// Records below `seq` are no longer needed by anyone and may be deleted.
     async fn release(&self, shard: u32, seq: Seq) -> Result<(), StoreError>;
 
+    /// A position at or below the oldest record the shard still holds (a reader started
+    /// there starts at that record without being clamped).
+    async fn start(&self, shard: u32) -> Result<Seq, StoreError>;
+
     /// False once the log is fenced (a flush failed): it takes no writes until a restart
     /// re-verifies it. Liveness reports it, so an orchestrator restarts the process.
     fn healthy(&self) -> bool;

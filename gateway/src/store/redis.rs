@@ -259,6 +259,19 @@ impl BusLog for RedisLog {
             .map_err(|e| redis_error("read the shard end", &e))
     }
 
+    async fn start(&self, shard: u32) -> Result<Seq, StoreError> {
+        let first: StreamEntries = redis::cmd("XRANGE")
+            .arg(self.stream(shard))
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut self.redis.conn())
+            .await
+            .map_err(|e| redis_error("read the shard start", &e))?;
+        Ok(first.first().and_then(|(id, _)| seq_of(id)).unwrap_or(0))
+    }
+
     async fn release(&self, shard: u32, seq: Seq) -> Result<(), StoreError> {
         redis::cmd("XTRIM")
             .arg(self.stream(shard))

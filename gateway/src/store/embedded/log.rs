@@ -456,6 +456,12 @@ impl BusLog for EmbeddedLog {
         Ok(*self.shard(shard)?.tail.borrow())
     }
 
+    async fn start(&self, shard: u32) -> Result<Seq, StoreError> {
+        let s = self.shard(shard)?;
+        let bases = s.segments.lock().map_err(poisoned)?;
+        Ok(bases.first().copied().unwrap_or(0))
+    }
+
     async fn release(&self, shard: u32, seq: Seq) -> Result<(), StoreError> {
         let s = self.shard(shard)?;
         let doomed: Vec<Seq> = {
