@@ -1346,3 +1346,290 @@ async fn the_console_is_served_next_to_the_admin_api() {
     let not_here = client.get(apart.url("/console/")).send().await.unwrap();
     assert_eq!(not_here.status(), 404);
 }
+
+/// Waits until the replay `id` of `bus` is no longer `RUNNING` (asked of `sluice`).
+async fn wait_replay_end(api: &Api<'_>, bus: &str, id: &str, limit: Duration) -> Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let answer = api
+            .get(
+                "/api/v1/buses/{bus}/replays/{replay}",
+                &format!("/api/v1/buses/{bus}/replays/{id}"),
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        if answer.body["state"] != "RUNNING" {
+            return answer.body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replay did not end: {}\n{}",
+            answer.body,
+            api.sluice.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A replay whose replica is killed mid-way is claimed by the other replica, which resumes
+/// it from the positions recorded per shard: every event of the range is replayed, the
+/// shards finished before the kill are not replayed again, and the status names the new
+/// worker and counts the takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_is_taken_over_when_its_replica_dies() {
+    let (url, prefix) = shared_redis("replay-takeover");
+    let receiver = receiver::Receiver::start().await;
+    let extra = format!(
+        r#"
+[[buses]]
+name = "archive"
+shards = 4
+retention = "1h"
+
+[[rules]]
+name = "slow"
+bus = "archive"
+
+[[rules.targets]]
+type = "http"
+name = "hook"
+url = "{}"
+max_in_flight = 1
+"#,
+        receiver.url("/hook")
+    );
+    let start = || {
+        Sluice::builder()
+            .durability("os")
+            .without_default_rule()
+            .distributed(&url, &prefix)
+            .extra(&extra)
+            .start()
+    };
+    let mut a = start().await;
+    let b = start().await;
+    b.wait_members(2).await;
+    let recorder = Recorder::default();
+    let api_a = api(&a, &recorder);
+    let api_b = api(&b, &recorder);
+    wait_connector(&api_b, "archive/slow/hook").await;
+
+    const N: usize = 120;
+    let posted = post_spread(
+        &[
+            a.url("/buses/archive/events"),
+            b.url("/buses/archive/events"),
+        ],
+        "ev",
+        N,
+    )
+    .await;
+    assert_eq!(posted.len(), N);
+    receiver
+        .wait_for(Duration::from_secs(30), |r| {
+            r.iter().filter(|r| r.was_accepted()).count() >= N
+        })
+        .await;
+
+    // Each replayed event takes the receiver 40 ms, one at a time: the replay runs for
+    // about 5 s, shard after shard.
+    receiver.default_reply(receiver::Reply::Sleep(Duration::from_millis(40), 200));
+    let started = api_a
+        .call(
+            Method::POST,
+            "/api/v1/buses/{bus}/replays",
+            "/api/v1/buses/archive/replays",
+            Some(json!({"rule": "slow"})),
+            &[],
+        )
+        .await;
+    assert_eq!(started.status, 202, "{}", started.body);
+    let id = started.body["id"].as_str().unwrap().to_string();
+    let first_worker = started.body["worker"].as_str().unwrap().to_string();
+
+    // Kill A once at least one shard is done (as recorded, seen through B).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let done_at_kill = loop {
+        let s = api_b
+            .get(
+                "/api/v1/buses/{bus}/replays/{replay}",
+                &format!("/api/v1/buses/archive/replays/{id}"),
+            )
+            .await
+            .body;
+        assert_eq!(
+            s["state"], "RUNNING",
+            "the replay ended before the kill: {s}"
+        );
+        let shards = s["shards"].as_object().unwrap();
+        let done: u64 = shards
+            .values()
+            .map(|p| p["next"].as_u64().unwrap() - p["from"].as_u64().unwrap())
+            .sum();
+        if shards
+            .values()
+            .any(|p| p["next"] == p["to"] && p["to"] != p["from"])
+        {
+            break done;
+        }
+        assert!(Instant::now() < deadline, "no shard finished: {s}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    a.kill9();
+
+    let end = wait_replay_end(&api_b, "archive", &id, Duration::from_secs(60)).await;
+    assert_eq!(end["state"], "COMPLETED", "{end}\n{}", b.log());
+    assert_ne!(end["worker"], first_worker.as_str(), "{end}");
+    assert_eq!(end["takeovers"], 1, "{end}");
+    assert_eq!(end["read"].as_u64(), Some(N as u64), "{end}");
+    assert!(
+        b.log()
+            .contains("took over a replay whose worker left the cluster"),
+        "{}",
+        b.log()
+    );
+
+    // Every event of the range replayed at least once; what came twice is at most what
+    // the dead worker had not recorded as done.
+    let replayed: Vec<String> = receiver
+        .received()
+        .iter()
+        .filter(|r| r.was_accepted() && r.header("ce-sluicereplay") == Some(id.as_str()))
+        .filter_map(|r| r.header("ce-id").map(str::to_string))
+        .collect();
+    let unique: std::collections::HashSet<&String> = replayed.iter().collect();
+    assert_eq!(unique.len(), N, "not every event was replayed");
+    let duplicates = replayed.len() - N;
+    assert!(
+        duplicates as u64 <= N as u64 - done_at_kill,
+        "{duplicates} replayed twice, though {done_at_kill} of {N} were recorded done at the kill"
+    );
+    eprintln!("replay takeover: {done_at_kill} of {N} recorded done at the kill, {duplicates} replayed twice");
+    check_openapi(&recorder, "replay-takeover");
+}
+
+/// One stream entry as XRANGE returns it: id and fields.
+type StreamEntry = (String, Vec<(String, Vec<u8>)>);
+
+/// `retention_bytes` keeps the newest bytes of what every subscription passed, and no
+/// more: after a burst is delivered, the stream holds just under the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_by_size_keeps_the_newest_bytes_of_passed_events() {
+    const BOUND: usize = 20_000;
+    let (url, prefix) = shared_redis("retention-size");
+    let sluice = Sluice::builder()
+        .durability("os")
+        .distributed(&url, &prefix)
+        .start()
+        .await;
+    let recorder = Recorder::default();
+    let api = api(&sluice, &recorder);
+    let bad = api
+        .put(
+            BUS,
+            "/api/v1/buses/sized",
+            json!({"shards": 1, "retention_bytes": 0}),
+        )
+        .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert_eq!(bad.body["pointer"], "/retention_bytes", "{}", bad.body);
+    assert_eq!(
+        api.put(
+            BUS,
+            "/api/v1/buses/sized",
+            json!({"shards": 1, "retention_bytes": BOUND})
+        )
+        .await
+        .status,
+        201
+    );
+    assert_eq!(
+        api.put(RULE, "/api/v1/buses/sized/rules/all", json!({"targets": [{"type": "file", "name": "out", "path": sluice.data_dir().join("sized.jsonl").to_string_lossy()}]}))
+            .await
+            .status,
+        201
+    );
+    wait_connector(&api, "sized/all/out").await;
+    let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(300));
+    let client = Client::new();
+    let ids: Vec<String> = (0..200).map(|i| format!("sz-{i:03}")).collect();
+    for id in &ids {
+        post(&client, &sluice.url("/buses/sized/events"), id, &body).await;
+    }
+    let want: Vec<&str> = ids.iter().map(String::as_str).collect();
+    wait_ids(&sluice, "sized.jsonl", &want).await;
+
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let stream = format!("{prefix}:bus:sized:0");
+    // Released every 5 s: wait for a round to have passed everything.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (kept, bytes, largest) = loop {
+        let entries: Vec<StreamEntry> = redis::cmd("XRANGE")
+            .arg(&stream)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // The payload is an entry's largest field.
+        let sizes: Vec<usize> = entries
+            .iter()
+            .map(|(_, fields)| fields.iter().map(|(_, v)| v.len()).max().unwrap_or(0))
+            .collect();
+        let bytes: usize = sizes.iter().sum();
+        if bytes <= BOUND {
+            break (entries.len(), bytes, sizes.into_iter().max().unwrap_or(0));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stream still holds {bytes} bytes in {} events\n{}",
+            entries.len(),
+            sluice.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // Kept: the newest that fit, to within one chunk (1/64 of the bound) and one event.
+    assert!(
+        bytes + BOUND / 64 + largest >= BOUND,
+        "only {bytes} bytes kept in {kept} events"
+    );
+    assert!(kept < ids.len(), "nothing was released");
+    // What is kept is the newest: a replay of everything brings exactly those back.
+    let started = api
+        .call(
+            Method::POST,
+            "/api/v1/buses/{bus}/replays",
+            "/api/v1/buses/sized/replays",
+            Some(json!({"rule": "all"})),
+            &[],
+        )
+        .await;
+    assert_eq!(started.status, 202, "{}", started.body);
+    let id = started.body["id"].as_str().unwrap().to_string();
+    let end = wait_replay_end(&api, "sized", &id, Duration::from_secs(20)).await;
+    assert_eq!(end["state"], "COMPLETED", "{end}");
+    assert_eq!(end["read"].as_u64(), Some(kept as u64), "{end}");
+    let newest: Vec<&str> = want[want.len() - kept..].to_vec();
+    let delivered = read_jsonl(&sluice.data_dir().join("sized.jsonl"));
+    let mut replayed: Vec<String> = delivered
+        .iter()
+        .filter(|e| e["sluicereplay"] == id.as_str())
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while replayed.len() < kept && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        replayed = read_jsonl(&sluice.data_dir().join("sized.jsonl"))
+            .iter()
+            .filter(|e| e["sluicereplay"] == id.as_str())
+            .map(|e| e["id"].as_str().unwrap().to_string())
+            .collect();
+    }
+    assert_eq!(replayed, newest);
+    eprintln!(
+        "retention_bytes {BOUND}: {kept} events ({bytes} bytes) kept of {}",
+        ids.len()
+    );
+    check_openapi(&recorder, "retention-size");
+}
