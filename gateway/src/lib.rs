@@ -15,6 +15,8 @@ pub mod config;
 pub mod console;
 pub mod ingress;
 pub mod metrics;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 pub mod problem;
 pub mod replay;
 pub mod rules;

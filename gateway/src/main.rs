@@ -159,7 +159,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(dir) = data_dir {
                 config.data_dir = dir;
             }
-            init_logging(&config)?;
+            let export = init_logging(&config)?;
             let unknown: Vec<String> = std::env::vars()
                 .map(|(k, _)| k)
                 .filter(|k| k.starts_with("SLUICE_"))
@@ -179,26 +179,69 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .context("cannot start the async runtime")?;
             runtime.block_on(async {
                 survive_file_size_limit();
-                sluice::app::run(config, shutdown_signal()).await
+                #[cfg(feature = "otlp")]
+                let export = export.map(|exporter| {
+                    tracing::info!(endpoint = %sluice::config::redact_url(config.tracing.otlp_endpoint.as_deref().unwrap_or("")), "exporting spans over OTLP");
+                    let (stop, stopped) = tokio::sync::watch::channel(false);
+                    (stop, tokio::spawn(exporter.run(stopped)))
+                });
+                #[cfg(not(feature = "otlp"))]
+                drop(export);
+                let result = sluice::app::run(config, shutdown_signal()).await;
+                // Send the spans still queued, within a bound.
+                #[cfg(feature = "otlp")]
+                if let Some((stop, handle)) = export {
+                    let _ = stop.send(true);
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(3), handle).await;
+                }
+                result
             })?;
             Ok(())
         }
     }
 }
 
-fn init_logging(config: &Config) -> anyhow::Result<()> {
+#[cfg(feature = "otlp")]
+type SpanExport = sluice::otlp::Exporter;
+#[cfg(not(feature = "otlp"))]
+type SpanExport = std::convert::Infallible;
+
+/// Logs to stderr (text or JSON, filtered by `log`) and, when `[tracing] otlp_endpoint` is
+/// set, spans to the collector (the exporter returned runs once the runtime exists).
+fn init_logging(config: &Config) -> anyhow::Result<Option<SpanExport>> {
+    use tracing_subscriber::prelude::*;
     let filter = EnvFilter::try_new(&config.log)
         .with_context(|| format!("log filter `{}` is not valid", config.log))?;
     // Logs go to stderr: stdout belongs to the `log` target's events.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    match config.log_format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+    let logs = match config.log_format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .boxed(),
+    };
+    let registry = tracing_subscriber::registry().with(logs.with_filter(filter));
+    let export = config.tracing.resolve().map_err(anyhow::Error::msg)?;
+    #[cfg(feature = "otlp")]
+    if let Some(export) = export {
+        let (layer, exporter) = sluice::otlp::pipeline(sluice::otlp::Settings {
+            endpoint: export.endpoint,
+            service_name: config.tracing.service_name.clone(),
+            headers: export.headers.into_iter().collect(),
+        });
+        // The gateway's own spans, whatever the log filter says.
+        let spans =
+            tracing_subscriber::filter::Targets::new().with_target("sluice", tracing::Level::INFO);
+        registry.with(layer.with_filter(spans)).init();
+        return Ok(Some(exporter));
     }
-    Ok(())
+    #[cfg(not(feature = "otlp"))]
+    drop(export);
+    registry.init();
+    Ok(None)
 }
 
 /// Under a file-size limit (`ulimit -f`, a container's) the kernel answers a write past it

@@ -395,3 +395,172 @@ mode = "structured"
         "binary mode also carries it as the extension"
     );
 }
+
+/// With `[tracing] otlp_endpoint`, the gateway's spans reach the collector as OTLP/HTTP
+/// JSON: the `request` span continues the producer's `traceparent`, the `deliver` span
+/// continues the delivered event's trace, and a collector that fails is survived. (No
+/// OpenTelemetry collector runs here: the peer is the harness's HTTP receiver, and the
+/// body is checked against the OTLP JSON mapping.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_are_exported_over_otlp_and_continue_the_callers_trace() {
+    use sluice_tests::receiver::{Receiver, Reply};
+    let collector = Receiver::start().await;
+    // The first export fails: the next ones must still come.
+    collector.script([Reply::Status(503)]);
+    let target = Receiver::start().await;
+    let extra = format!(
+        r#"
+[[rules]]
+name = "hooks"
+bus = "default"
+
+[[rules.targets]]
+type = "http"
+name = "bin"
+url = "{}"
+
+[tracing]
+otlp_endpoint = "{}"
+service_name = "sluice-e2e"
+otlp_headers = {{ "x-collector-key" = "env:OTLP_TEST_KEY" }}
+"#,
+        target.url("/b"),
+        collector.url("")
+    );
+    let sluice = Sluice::builder()
+        .extra(&extra)
+        .env("OTLP_TEST_KEY", "k-123")
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    for id in ["warm-up", "traced", "plain"] {
+        let mut request = binary(&client, &sluice.events_url(), id, "{}");
+        if id == "traced" {
+            request = request.header("traceparent", parent);
+        }
+        assert_eq!(request.send().await.unwrap().status(), 202);
+        target
+            .wait_for(Duration::from_secs(10), |r| {
+                r.iter().any(|r| r.header("ce-id") == Some(id))
+            })
+            .await;
+        if id == "warm-up" {
+            // Its spans went in the refused export.
+            collector
+                .wait_for(Duration::from_secs(10), |r| !r.is_empty())
+                .await;
+        }
+    }
+
+    let spans = |received: &[sluice_tests::receiver::Received]| -> Vec<serde_json::Value> {
+        received
+            .iter()
+            .filter(|r| r.path == "/v1/traces" && r.status == 200)
+            .flat_map(|r| {
+                let body = r.json();
+                let mut out = Vec::new();
+                for rs in body["resourceSpans"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                {
+                    for ss in rs["scopeSpans"].as_array().cloned().unwrap_or_default() {
+                        for mut span in ss["spans"].as_array().cloned().unwrap_or_default() {
+                            span["resource"] = rs["resource"].clone();
+                            out.push(span);
+                        }
+                    }
+                }
+                out
+            })
+            .collect()
+    };
+    let traced = |s: &serde_json::Value| s["traceId"] == "0af7651916cd43dd8448eb211c80319c";
+    let of_hook = |s: &serde_json::Value| {
+        s["attributes"].as_array().is_some_and(|a| {
+            a.contains(&serde_json::json!({"key": "subscription", "value": {"stringValue": "default/hooks/bin"}}))
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let received = loop {
+        let received = collector.received();
+        let got = spans(&received);
+        let untraced_request = got
+            .iter()
+            .any(|s| s["name"] == "request" && !traced(s) && s.get("parentSpanId").is_none());
+        if untraced_request
+            && got.iter().any(|s| s["name"] == "request" && traced(s))
+            && got
+                .iter()
+                .any(|s| s["name"] == "deliver" && traced(s) && of_hook(s))
+        {
+            break received;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "spans of the trace not exported: {}\n{}",
+            serde_json::Value::Array(got),
+            sluice.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(received[0].status, 503, "the first export was refused");
+    let post = received.iter().find(|r| r.status == 200).unwrap();
+    assert_eq!(post.method, "POST");
+    assert_eq!(post.header("content-type"), Some("application/json"));
+    assert_eq!(post.header("x-collector-key"), Some("k-123"));
+    let spans = spans(&received);
+    let request = spans
+        .iter()
+        .find(|s| s["name"] == "request" && traced(s))
+        .unwrap();
+    assert_eq!(request["parentSpanId"], "b7ad6b7169203331", "{request}");
+    assert_eq!(request["kind"], 2);
+    let attributes = request["attributes"].as_array().unwrap();
+    assert!(
+        attributes
+            .contains(&serde_json::json!({"key": "bus", "value": {"stringValue": "default"}})),
+        "{request}"
+    );
+    assert_eq!(
+        request["resource"]["attributes"][0],
+        serde_json::json!({"key": "service.name", "value": {"stringValue": "sluice-e2e"}})
+    );
+    // One delivery span per subscription that took the event (the harness's file rule
+    // too), each continuing the event's trace.
+    let delivers: Vec<&serde_json::Value> = spans
+        .iter()
+        .filter(|s| s["name"] == "deliver" && traced(s))
+        .collect();
+    assert!(delivers.iter().any(|s| of_hook(s)), "{delivers:?}");
+    for deliver in delivers {
+        assert_eq!(deliver["parentSpanId"], "b7ad6b7169203331", "{deliver}");
+        assert_eq!(deliver["kind"], 4);
+    }
+    for span in &spans {
+        for key in ["traceId", "spanId", "startTimeUnixNano", "endTimeUnixNano"] {
+            assert!(span[key].is_string(), "{key} of {span}");
+        }
+        assert_eq!(span["traceId"].as_str().unwrap().len(), 32);
+        assert_eq!(span["spanId"].as_str().unwrap().len(), 16);
+    }
+    assert!(
+        sluice.log().contains("OTLP export failed"),
+        "the refused export is logged\n{}",
+        sluice.log()
+    );
+
+    // A bad endpoint is refused before start, naming the key.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.toml");
+    std::fs::write(&file, "[tracing]\notlp_endpoint = \"ftp://collector\"\n").unwrap();
+    let out = std::process::Command::new(sluice_tests::sluice_bin())
+        .arg("check-config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tracing.otlp_endpoint"), "{err}");
+}

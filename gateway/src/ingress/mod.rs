@@ -432,28 +432,37 @@ async fn post_events(
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
         .map_or_else(|| format!("{:032x}", fastrand::u128(..)), str::to_string);
-    let span = tracing::info_span!("request", request_id = %request_id, bus = %label, mode);
+    let span = tracing::info_span!(
+        "request",
+        request_id = %request_id,
+        bus = %label,
+        mode,
+        traceparent = tracing::field::Empty
+    );
+    // The caller's trace, for the exported span to continue (read only when exporting).
+    #[cfg(feature = "otlp")]
+    if crate::otlp::enabled() {
+        if let Some(parent) = request
+            .headers()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| crate::ingress::cloudevent::valid_traceparent(v))
+        {
+            span.record("traceparent", parent);
+        }
+    }
     let mut response =
         tracing::Instrument::instrument(handle_events(state, bus, request), span).await;
     if let Ok(value) = http::HeaderValue::from_str(&request_id) {
         response.headers_mut().insert("x-request-id", value);
     }
-    let m = crate::metrics::get();
-    let bus_mode = crate::metrics::BusModeLabels {
-        bus: label.clone(),
-        mode: mode.to_string(),
-    };
-    m.ingress_requests
-        .get_or_create(&crate::metrics::IngressLabels {
-            bus: label,
-            mode: mode.to_string(),
-            status: response.status().as_str().to_string(),
-        })
-        .inc();
-    m.ingress_bytes.get_or_create(&bus_mode).inc_by(bytes);
-    m.ingress_duration
-        .get_or_create(&bus_mode)
-        .observe(started.elapsed().as_secs_f64());
+    crate::metrics::get().ingress(
+        label,
+        mode,
+        response.status().as_u16(),
+        bytes,
+        started.elapsed(),
+    );
     response
 }
 

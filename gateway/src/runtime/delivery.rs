@@ -229,8 +229,14 @@ impl Delivery {
             subscription = %self.subscription,
             rule = %self.rule,
             target = %self.target.describe(),
-            events = events.len()
+            events = events.len(),
+            traceparent = tracing::field::Empty,
+            trace_links = tracing::field::Empty
         );
+        #[cfg(feature = "otlp")]
+        if crate::otlp::enabled() {
+            trace_context(&span, events);
+        }
         tracing::Instrument::instrument(self.deliver_batch(events), span).await;
         self.settled();
     }
@@ -681,6 +687,35 @@ impl Drop for BreakerPermit<'_> {
         if let Some(probe) = self.probe.take() {
             self.breaker.abandon(probe);
         }
+    }
+}
+
+/// The exported `deliver` span continues the trace of the event it delivers (one event),
+/// or links to the traces of the events of its batch.
+#[cfg(feature = "otlp")]
+fn trace_context(span: &tracing::Span, events: &[Envelope]) {
+    /// Only the extension, when the event was not decoded on the way (no filter or
+    /// transform needed it): the rest of the stored JSON is skipped.
+    #[derive(serde::Deserialize)]
+    struct Traced {
+        traceparent: Option<String>,
+    }
+    let mut parents = events.iter().filter_map(|e| match &e.event {
+        Some(event) => match event.extension("traceparent")? {
+            ExtensionValue::String(s) => Some(s.clone()),
+            _ => None,
+        },
+        None => serde_json::from_slice::<Traced>(&e.raw).ok()?.traceparent,
+    });
+    if events.len() == 1 {
+        if let Some(parent) = parents.next() {
+            span.record("traceparent", parent.as_str());
+        }
+        return;
+    }
+    let links: Vec<String> = parents.take(crate::otlp::MAX_LINKS).collect();
+    if !links.is_empty() {
+        span.record("trace_links", links.join(" ").as_str());
     }
 }
 
