@@ -346,6 +346,33 @@ impl Metrics {
     }
 
     /// Pre-resolved counter of appends to one shard.
+    /// One ingress request: counted by bus, mode and status, its bytes and its duration.
+    pub fn ingress(
+        &self,
+        bus: String,
+        mode: &str,
+        status: u16,
+        bytes: u64,
+        elapsed: std::time::Duration,
+    ) {
+        let bus_mode = BusModeLabels {
+            bus,
+            mode: mode.to_string(),
+        };
+        self.ingress_bytes.get_or_create(&bus_mode).inc_by(bytes);
+        self.ingress_duration
+            .get_or_create(&bus_mode)
+            .observe(elapsed.as_secs_f64());
+        let BusModeLabels { bus, mode } = bus_mode;
+        self.ingress_requests
+            .get_or_create(&IngressLabels {
+                bus,
+                mode,
+                status: status.to_string(),
+            })
+            .inc();
+    }
+
     pub fn appended(&self, bus: &str, shard: u32) -> Counter {
         self.appended
             .get_or_create(&ShardLabels {
