@@ -12,7 +12,7 @@ APT_UPDATED := $(CACHE)/.apt-updated
 ROCKETMQ_DIR := $(CACHE)/rocketmq-1.0.0
 export SLUICE_ROCKETMQ_BIN ?= $(ROCKETMQ_DIR)/bin
 
-.PHONY: console-check run test lint fmt build bench bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq infra-check infra-tools clean help
+.PHONY: webhook-node console-check run test lint fmt build bench bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq infra-check infra-tools clean help
 
 help:
 	@echo "make run    - start the gateway standalone with sluice.example.toml (http://127.0.0.1:8080)"
@@ -31,7 +31,7 @@ build:
 
 # The binary is built for the same package set as nextest builds, so the dependencies are
 # compiled once, with one feature set.
-test: tools venv redis rocketmq infra-tools
+test: tools venv webhook-node redis rocketmq infra-tools
 	$(CARGO) build --workspace --bins
 	$(MAKE) --no-print-directory infra-check
 	$(CARGO) nextest run --workspace --no-fail-fast
@@ -115,6 +115,14 @@ infra-check: infra-tools
 $(VENV)/.webhook-sdks: $(VENV)/.installed
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check 'stripe==16.1.0' 'slack_sdk==3.48.0'
 	touch $@
+
+# GitHub's own signing code for the webhook tests (@octokit/webhooks-methods from npm, into
+# the cache); tests/scripts/sign_webhook.py runs it with node.
+WEBHOOK_NODE := $(CACHE)/webhook-node
+export SLUICE_WEBHOOK_NODE ?= $(WEBHOOK_NODE)
+webhook-node:
+	$(call apt_install,npm,npm)
+	@mkdir -p $(WEBHOOK_NODE) && cd $(WEBHOOK_NODE) && { [ -d node_modules/@octokit/webhooks-methods ] || npm install --silent --no-audit --no-fund @octokit/webhooks-methods@6.0.0; }
 
 # The OpenAPI 3.1 validator and JSON Schema, to check schemas/openapi.json and the admin
 # API's answers against it.

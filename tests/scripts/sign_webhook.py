@@ -3,7 +3,9 @@
 Reads one JSON object on stdin: {"preset", "secret", "body", "timestamp", "id", "url"} and
 prints the headers to send as a JSON object. Where the provider publishes a library, the
 signature comes from it (Standard Webhooks: `standardwebhooks`; Stripe: `stripe`'s
-`WebhookSignature.generate_signature_header`; Slack: `slack_sdk`'s `SignatureVerifier`);
+`WebhookSignature.generate_signature_header`; Slack: `slack_sdk`'s `SignatureVerifier`;
+GitHub: `@octokit/webhooks-methods`' `sign`, run with node from $SLUICE_WEBHOOK_NODE, which
+`make webhook-node` fills);
 the others follow the provider's documentation with Python's own `hmac`, independently of
 the gateway's code.
 """
@@ -13,8 +15,29 @@ import datetime
 import hashlib
 import hmac
 import json
+import os
+import subprocess
 import sys
 import urllib.parse
+
+
+def octokit_sign(secret, body):
+    """GitHub's `X-Hub-Signature-256`, made by @octokit/webhooks-methods."""
+    where = os.environ.get("SLUICE_WEBHOOK_NODE") or os.path.expanduser("~/.cache/sluice/webhook-node")
+    if not os.path.isdir(os.path.join(where, "node_modules", "@octokit", "webhooks-methods")):
+        sys.exit(f"@octokit/webhooks-methods is not installed in {where}: run `make webhook-node`")
+    script = (
+        'import { sign } from "@octokit/webhooks-methods";'
+        'const [secret, body] = JSON.parse(process.argv[1]);'
+        'process.stdout.write(await sign(secret, body));'
+    )
+    out = subprocess.run(
+        ["node", "--input-type=module", "-e", script, json.dumps([secret, body])],
+        cwd=where, capture_output=True, text=True, check=False,
+    )
+    if out.returncode != 0:
+        sys.exit(f"octokit sign failed: {out.stderr}")
+    return out.stdout.strip()
 
 
 def mac(secret, message, digest=hashlib.sha256):
@@ -47,7 +70,7 @@ def main():
         sig = SignatureVerifier(secret).generate_signature(timestamp=str(ts), body=body)
         h = {"x-slack-request-timestamp": str(ts), "x-slack-signature": sig}
     elif preset == "github":
-        h = {"x-hub-signature-256": "sha256=" + mac(secret, body).hexdigest(),
+        h = {"x-hub-signature-256": octokit_sign(secret, body),
              "x-github-delivery": rid, "x-github-event": "issues"}
     elif preset == "shopify":
         h = {"x-shopify-hmac-sha256": base64.b64encode(mac(secret, body).digest()).decode(),
