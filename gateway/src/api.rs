@@ -1440,8 +1440,7 @@ async fn start_replay_inner(
         .read()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    let (cancel, cancelled) = tokio::sync::watch::channel(false);
-    let status = crate::replay::start(
+    crate::replay::start(
         crate::replay::ReplayRequest {
             bus: bus.to_string(),
             rule: rule.to_string(),
@@ -1454,16 +1453,10 @@ async fn start_replay_inner(
         store,
         state.cluster.worker_id(),
         admin.replay_batch,
-        cancelled,
+        &state.replay_cancels,
     )
     .await
-    .map_err(|e| store_problem(&e))?;
-    state
-        .replay_cancels
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(status.id.clone(), cancel);
-    Ok(status)
+    .map_err(|e| store_problem(&e))
 }
 
 /// Replays of `bus`, newest first. A replay still `RUNNING` on a worker that left the
@@ -1530,15 +1523,15 @@ async fn cancel_replay(
     if replay["state"] != "RUNNING" {
         return StatusCode::NO_CONTENT.into_response();
     }
-    let cancel = state
+    // Kept in the map (it marks the replay as this process's, not an orphan).
+    let cancelled_here = state
         .replay_cancels
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .remove(&id);
-    if let Some(cancel) = cancel {
-        if cancel.send(true).is_ok() {
-            return StatusCode::NO_CONTENT.into_response();
-        }
+        .get(&id)
+        .is_some_and(|cancel| cancel.send(true).is_ok());
+    if cancelled_here {
+        return StatusCode::NO_CONTENT.into_response();
     }
     // Running on another worker (or its run here already ended): mark it in the store;
     // the worker running it stops at its next progress record.

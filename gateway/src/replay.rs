@@ -396,12 +396,27 @@ pub fn subscriptions(
 
 /// Plans the shard ranges of a replay and starts it in the background. Returns its first
 /// status (already stored).
+/// The replays this process runs (or ran): id → what cancels it. A `RUNNING` replay that
+/// names this worker but is not here was started by an earlier process with the same
+/// worker id, and is taken over like any orphan.
+pub type Cancels =
+    std::sync::Mutex<std::collections::HashMap<String, tokio::sync::watch::Sender<bool>>>;
+
+fn register(cancels: &Cancels, id: &str) -> tokio::sync::watch::Receiver<bool> {
+    let (cancel, cancelled) = tokio::sync::watch::channel(false);
+    cancels
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id.to_string(), cancel);
+    cancelled
+}
+
 pub async fn start(
     request: ReplayRequest,
     store: Arc<dyn ReplayStore>,
     worker: &str,
     batch: usize,
-    cancel: tokio::sync::watch::Receiver<bool>,
+    cancels: &Cancels,
 ) -> Result<ReplayStatus, StoreError> {
     let now = crate::store::now_ms();
     let id = format!("{}-{:04x}", now, fastrand::u16(..));
@@ -466,7 +481,15 @@ pub async fn start(
         changed_ms: now,
         takeovers: 0,
     };
-    store.put(&status).await?;
+    // Registered before it is recorded, so it is never mistaken for an orphan here.
+    let cancel = register(cancels, &status.id);
+    if let Err(e) = store.put(&status).await {
+        cancels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&status.id);
+        return Err(e);
+    }
     tracing::info!(replay = %status.id, bus = %status.bus, rule = %status.rule, "replay started");
     tokio::spawn(run(
         request.subscriptions,
@@ -617,14 +640,32 @@ async fn adopt_once(state: &Arc<crate::ingress::IngressState>) -> Result<(), Sto
         .unwrap_or_else(|p| p.into_inner())
         .clone();
     let me = state.cluster.worker_id();
+    let mine = |id: &str| {
+        state
+            .replay_cancels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(id)
+    };
     let orphans: Vec<ReplayStatus> = {
         let all = store.list().await?;
-        if !all.iter().any(|r| r.state == "RUNNING" && r.worker != me) {
+        if !all
+            .iter()
+            .any(|r| r.state == "RUNNING" && (r.worker != me || !mine(&r.id)))
+        {
             return Ok(());
         }
         let members = state.cluster.members().await?;
         all.into_iter()
-            .filter(|r| r.state == "RUNNING" && !members.contains(&r.worker))
+            .filter(|r| {
+                r.state == "RUNNING"
+                    && if r.worker == me {
+                        // An earlier process with this worker id (a fixed `worker_id`).
+                        !mine(&r.id)
+                    } else {
+                        !members.contains(&r.worker)
+                    }
+            })
             .collect()
     };
     for old in orphans {
@@ -652,13 +693,8 @@ async fn adopt_once(state: &Arc<crate::ingress::IngressState>) -> Result<(), Sto
         if !store.swap(&old, &new).await? {
             continue;
         }
-        tracing::info!(replay = %new.id, from = %old.worker, "took over a replay whose worker left the cluster");
-        let (cancel, cancelled) = tokio::sync::watch::channel(false);
-        state
-            .replay_cancels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(new.id.clone(), cancel);
+        tracing::info!(replay = %new.id, from = %old.worker, "took over a replay whose worker left the cluster (or an earlier process with this worker id)");
+        let cancelled = register(&state.replay_cancels, &new.id);
         tokio::spawn(run(
             subscriptions,
             log,

@@ -1377,6 +1377,17 @@ async fn wait_replay_end(api: &Api<'_>, bus: &str, id: &str, limit: Duration) ->
 /// worker and counts the takeover.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_is_taken_over_when_its_replica_dies() {
+    replay_takeover(false).await;
+}
+
+/// A replica with a fixed `worker_id` that is killed and started again finds its own
+/// replay still `RUNNING` under its id, and resumes it (no other replica needed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_a_fixed_worker_id_resumes_its_replay_after_a_restart() {
+    replay_takeover(true).await;
+}
+
+async fn replay_takeover(restart_same_id: bool) {
     let (url, prefix) = shared_redis("replay-takeover");
     let receiver = receiver::Receiver::start().await;
     let extra = format!(
@@ -1398,32 +1409,36 @@ max_in_flight = 1
 "#,
         receiver.url("/hook")
     );
-    let start = || {
-        Sluice::builder()
+    let start = |id: Option<&str>| {
+        let mut builder = Sluice::builder()
             .durability("os")
             .without_default_rule()
             .distributed(&url, &prefix)
-            .extra(&extra)
-            .start()
+            .extra(&extra);
+        if let Some(id) = id {
+            builder = builder.env("SLUICE_WORKER_ID", id);
+        }
+        builder.start()
     };
-    let mut a = start().await;
-    let b = start().await;
-    b.wait_members(2).await;
+    let mut a = start(restart_same_id.then_some("fixed-a")).await;
+    let b = if restart_same_id {
+        None
+    } else {
+        let b = start(None).await;
+        b.wait_members(2).await;
+        Some(b)
+    };
     let recorder = Recorder::default();
     let api_a = api(&a, &recorder);
-    let api_b = api(&b, &recorder);
-    wait_connector(&api_b, "archive/slow/hook").await;
+    wait_connector(&api_a, "archive/slow/hook").await;
 
     const N: usize = 120;
-    let posted = post_spread(
-        &[
-            a.url("/buses/archive/events"),
-            b.url("/buses/archive/events"),
-        ],
-        "ev",
-        N,
-    )
-    .await;
+    let urls: Vec<String> = [Some(&a), b.as_ref()]
+        .into_iter()
+        .flatten()
+        .map(|s| s.url("/buses/archive/events"))
+        .collect();
+    let posted = post_spread(&urls, "ev", N).await;
     assert_eq!(posted.len(), N);
     receiver
         .wait_for(Duration::from_secs(30), |r| {
@@ -1447,10 +1462,10 @@ max_in_flight = 1
     let id = started.body["id"].as_str().unwrap().to_string();
     let first_worker = started.body["worker"].as_str().unwrap().to_string();
 
-    // Kill A once at least one shard is done (as recorded, seen through B).
+    // Kill A once at least one shard is done (as recorded).
     let deadline = Instant::now() + Duration::from_secs(20);
     let done_at_kill = loop {
-        let s = api_b
+        let s = api_a
             .get(
                 "/api/v1/buses/{bus}/replays/{replay}",
                 &format!("/api/v1/buses/archive/replays/{id}"),
@@ -1475,18 +1490,30 @@ max_in_flight = 1
         assert!(Instant::now() < deadline, "no shard finished: {s}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
+    drop(api_a);
     a.kill9();
+    if restart_same_id {
+        a.restart().await;
+    }
+    // The replica that ends up running the replay.
+    let survivor = b.as_ref().unwrap_or(&a);
+    let api_s = api(survivor, &recorder);
 
-    let end = wait_replay_end(&api_b, "archive", &id, Duration::from_secs(60)).await;
-    assert_eq!(end["state"], "COMPLETED", "{end}\n{}", b.log());
-    assert_ne!(end["worker"], first_worker.as_str(), "{end}");
+    let end = wait_replay_end(&api_s, "archive", &id, Duration::from_secs(60)).await;
+    assert_eq!(end["state"], "COMPLETED", "{end}\n{}", survivor.log());
+    if restart_same_id {
+        assert_eq!(end["worker"], "fixed-a", "{end}");
+    } else {
+        assert_ne!(end["worker"], first_worker.as_str(), "{end}");
+    }
     assert_eq!(end["takeovers"], 1, "{end}");
     assert_eq!(end["read"].as_u64(), Some(N as u64), "{end}");
     assert!(
-        b.log()
+        survivor
+            .log()
             .contains("took over a replay whose worker left the cluster"),
         "{}",
-        b.log()
+        survivor.log()
     );
 
     // Every event of the range replayed at least once; what came twice is at most what
@@ -1504,7 +1531,9 @@ max_in_flight = 1
         duplicates as u64 <= N as u64 - done_at_kill,
         "{duplicates} replayed twice, though {done_at_kill} of {N} were recorded done at the kill"
     );
-    eprintln!("replay takeover: {done_at_kill} of {N} recorded done at the kill, {duplicates} replayed twice");
+    eprintln!(
+        "replay takeover: {done_at_kill} of {N} recorded done at the kill, {duplicates} replayed twice"
+    );
     check_openapi(&recorder, "replay-takeover");
 }
 

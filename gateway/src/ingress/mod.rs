@@ -60,7 +60,7 @@ pub struct IngressState {
     admin: RwLock<Option<(crate::catalog::Catalog, Arc<crate::api::AdminAuth>)>>,
     /// Where replay statuses are kept, and the cancel switch of each replay running here.
     pub replays: RwLock<Arc<dyn crate::replay::ReplayStore>>,
-    pub replay_cancels: std::sync::Mutex<HashMap<String, tokio::sync::watch::Sender<bool>>>,
+    pub replay_cancels: crate::replay::Cancels,
 }
 
 impl IngressState {
