@@ -20,7 +20,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -80,14 +79,19 @@ fn hex_bytes<const N: usize>(text: &str) -> Option<[u8; N]> {
     Some(out)
 }
 
+fn hex_into(out: &mut Vec<u8>, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)]);
+        out.push(DIGITS[usize::from(b & 15)]);
+    }
+}
+
+#[cfg(test)]
 fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+    let mut out = Vec::new();
+    hex_into(&mut out, bytes);
+    String::from_utf8(out).unwrap_or_default()
 }
 
 fn now_ns() -> u64 {
@@ -106,9 +110,18 @@ struct SpanData {
     kind: u8,
     start_ns: u64,
     end_ns: u64,
-    attributes: Vec<(String, Value)>,
+    attributes: Vec<(&'static str, Attr)>,
     links: Vec<(TraceId, SpanId)>,
     error: Option<String>,
+}
+
+/// An attribute's value (OTLP `AnyValue`).
+#[derive(Debug, Clone, PartialEq)]
+enum Attr {
+    Str(String),
+    Int(i64),
+    Bool(bool),
+    Double(f64),
 }
 
 /// What the layer keeps with each open span.
@@ -117,52 +130,49 @@ struct SpanState(SpanData);
 /// The fields of a span or event: attributes, plus the ones the layer reads itself.
 #[derive(Default)]
 struct Fields {
-    attributes: Vec<(String, Value)>,
+    attributes: Vec<(&'static str, Attr)>,
     traceparent: Option<String>,
     links: Option<String>,
     kind: Option<u8>,
     message: Option<String>,
 }
 
+impl Fields {
+    fn put(&mut self, name: &'static str, value: String) {
+        match name {
+            "traceparent" => self.traceparent = Some(value),
+            "trace_links" => self.links = Some(value),
+            "otel.kind" => self.kind = Some(kind_of(&value)),
+            "message" => self.message = Some(value),
+            name => self.attributes.push((name, Attr::Str(value))),
+        }
+    }
+}
+
 impl Visit for Fields {
     fn record_str(&mut self, field: &Field, value: &str) {
-        match field.name() {
-            "traceparent" => self.traceparent = Some(value.to_string()),
-            "trace_links" => self.links = Some(value.to_string()),
-            "otel.kind" => self.kind = Some(kind_of(value)),
-            "message" => self.message = Some(value.to_string()),
-            name => self
-                .attributes
-                .push((name.to_string(), json!({"stringValue": value}))),
-        }
+        self.put(field.name(), value.to_string());
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.record_str(field, &format!("{value:?}"));
+        self.put(field.name(), format!("{value:?}"));
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.attributes.push((
-            field.name().to_string(),
-            json!({"intValue": value.to_string()}),
-        ));
+        let value = i64::try_from(value).unwrap_or(i64::MAX);
+        self.attributes.push((field.name(), Attr::Int(value)));
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.attributes.push((
-            field.name().to_string(),
-            json!({"intValue": value.to_string()}),
-        ));
+        self.attributes.push((field.name(), Attr::Int(value)));
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.attributes
-            .push((field.name().to_string(), json!({"boolValue": value})));
+        self.attributes.push((field.name(), Attr::Bool(value)));
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
-        self.attributes
-            .push((field.name().to_string(), json!({"doubleValue": value})));
+        self.attributes.push((field.name(), Attr::Double(value)));
     }
 }
 
@@ -355,8 +365,12 @@ impl Exporter {
                 }
             }
             for chunk in batch.chunks(BATCH) {
-                let body = encode(chunk, &self.settings.service_name);
-                let mut request = client.post(&url).json(&body);
+                let mut body = Vec::with_capacity(chunk.len() * 512);
+                encode(chunk, &self.settings.service_name, &mut body);
+                let mut request = client
+                    .post(&url)
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(body);
                 for (k, v) in &self.settings.headers {
                     request = request.header(k, v);
                 }
@@ -385,54 +399,111 @@ impl Exporter {
     }
 }
 
-/// The OTLP `ExportTraceServiceRequest` of `spans`, in the JSON mapping.
-fn encode(spans: &[SpanData], service_name: &str) -> Value {
-    let spans: Vec<Value> = spans
-        .iter()
-        .map(|s| {
-            let mut span = json!({
-                "traceId": hex(&s.trace_id),
-                "spanId": hex(&s.span_id),
-                "name": s.name,
-                "kind": s.kind,
-                "startTimeUnixNano": s.start_ns.to_string(),
-                "endTimeUnixNano": s.end_ns.to_string(),
-                "attributes": s.attributes.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>(),
-            });
-            if let Some(parent) = &s.parent {
-                span["parentSpanId"] = json!(hex(parent));
+/// The OTLP `ExportTraceServiceRequest` of `spans`, in the JSON mapping, written straight
+/// into `out` (no intermediate JSON tree: the exporter runs at the request rate).
+fn encode(spans: &[SpanData], service_name: &str, out: &mut Vec<u8>) {
+    use std::io::Write;
+    let string = |out: &mut Vec<u8>, s: &str| {
+        // Escapes as JSON requires; writing into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, s);
+    };
+    out.extend_from_slice(br#"{"resourceSpans":[{"resource":{"attributes":[{"key":"service.name","value":{"stringValue":"#);
+    string(out, service_name);
+    out.extend_from_slice(br#"}},{"key":"service.version","value":{"stringValue":"#);
+    string(out, env!("CARGO_PKG_VERSION"));
+    out.extend_from_slice(br#"}}]},"scopeSpans":[{"scope":{"name":"sluice","version":"#);
+    string(out, env!("CARGO_PKG_VERSION"));
+    out.extend_from_slice(br#"},"spans":["#);
+    for (i, s) in spans.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(br#"{"traceId":""#);
+        hex_into(out, &s.trace_id);
+        out.extend_from_slice(br#"","spanId":""#);
+        hex_into(out, &s.span_id);
+        out.extend_from_slice(br#"","#);
+        if let Some(parent) = &s.parent {
+            out.extend_from_slice(br#""parentSpanId":""#);
+            hex_into(out, parent);
+            out.extend_from_slice(br#"","#);
+        }
+        out.extend_from_slice(br#""name":"#);
+        string(out, s.name);
+        let _ = write!(
+            out,
+            r#","kind":{},"startTimeUnixNano":"{}","endTimeUnixNano":"{}","attributes":["#,
+            s.kind, s.start_ns, s.end_ns
+        );
+        for (j, (key, value)) in s.attributes.iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
             }
-            if !s.links.is_empty() {
-                span["links"] = s
-                    .links
-                    .iter()
-                    .map(|(t, p)| json!({"traceId": hex(t), "spanId": hex(p)}))
-                    .collect();
+            out.extend_from_slice(br#"{"key":"#);
+            string(out, key);
+            out.extend_from_slice(br#","value":{"#);
+            match value {
+                Attr::Str(v) => {
+                    out.extend_from_slice(br#""stringValue":"#);
+                    string(out, v);
+                }
+                // int64 is a string in the JSON mapping.
+                Attr::Int(v) => {
+                    let _ = write!(out, r#""intValue":"{v}""#);
+                }
+                Attr::Bool(v) => {
+                    let _ = write!(out, r#""boolValue":{v}"#);
+                }
+                Attr::Double(v) if v.is_finite() => {
+                    let _ = write!(out, r#""doubleValue":{v}"#);
+                }
+                // NaN and infinities are strings in the protobuf JSON mapping.
+                Attr::Double(v) => {
+                    let _ = write!(
+                        out,
+                        r#""doubleValue":"{}""#,
+                        if v.is_nan() {
+                            "NaN"
+                        } else if *v > 0.0 {
+                            "Infinity"
+                        } else {
+                            "-Infinity"
+                        }
+                    );
+                }
             }
-            // Status codes: UNSET 0, OK 1, ERROR 2.
-            if let Some(message) = &s.error {
-                span["status"] = json!({"code": 2, "message": message});
+            out.extend_from_slice(b"}}");
+        }
+        out.push(b']');
+        if !s.links.is_empty() {
+            out.extend_from_slice(br#","links":["#);
+            for (j, (trace, span)) in s.links.iter().enumerate() {
+                if j > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(br#"{"traceId":""#);
+                hex_into(out, trace);
+                out.extend_from_slice(br#"","spanId":""#);
+                hex_into(out, span);
+                out.extend_from_slice(br#""}"#);
             }
-            span
-        })
-        .collect();
-    json!({
-        "resourceSpans": [{
-            "resource": {"attributes": [
-                {"key": "service.name", "value": {"stringValue": service_name}},
-                {"key": "service.version", "value": {"stringValue": env!("CARGO_PKG_VERSION")}},
-            ]},
-            "scopeSpans": [{
-                "scope": {"name": "sluice", "version": env!("CARGO_PKG_VERSION")},
-                "spans": spans,
-            }],
-        }]
-    })
+            out.push(b']');
+        }
+        // Status codes: UNSET 0, OK 1, ERROR 2.
+        if let Some(message) = &s.error {
+            out.extend_from_slice(br#","status":{"code":2,"message":"#);
+            string(out, message);
+            out.push(b'}');
+        }
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"]}]}]}");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
     use tracing_subscriber::layer::SubscriberExt;
 
     #[test]
@@ -487,7 +558,9 @@ mod tests {
         while let Ok(s) = exporter.queue.try_recv() {
             spans.push(s);
         }
-        let body = encode(&spans, "test");
+        let mut bytes = Vec::new();
+        encode(&spans, "test", &mut bytes);
+        let body: Value = serde_json::from_slice(&bytes).unwrap();
         let spans = body["resourceSpans"][0]["scopeSpans"][0]["spans"]
             .as_array()
             .unwrap()
