@@ -134,6 +134,10 @@ pub struct Parsed {
     /// it (that would cost a parse and a re-serialisation per event); `stored` has the data.
     pub event: Event,
     pub stored: Vec<u8>,
+    /// The stored form is known to read back (`decode`) as it was built: the SDK's own
+    /// encoding of the attributes, and data checked as the decoder reads it. Otherwise
+    /// `check_stored` decodes it once before it is accepted.
+    pub reads_back: bool,
 }
 
 impl Parsed {
@@ -141,7 +145,11 @@ impl Parsed {
     pub fn encode(event: Event) -> Result<Parsed, EventError> {
         let stored = encode(&event)
             .map_err(|e| EventError::invalid("event", format!("cannot encode: {e}")))?;
-        Ok(Parsed { event, stored })
+        Ok(Parsed {
+            event,
+            stored,
+            reads_back: false,
+        })
     }
 }
 
@@ -276,18 +284,88 @@ pub fn from_binary(headers: &HeaderMap, body: &[u8]) -> Result<Parsed, EventErro
     inherit_trace_context(&mut event, headers);
     let mut stored =
         encode(&event).map_err(|e| EventError::invalid("event", format!("cannot encode: {e}")))?;
-    if !body.is_empty() {
-        append_binary_data(&mut stored, ct.as_deref(), body)?;
-    }
-    Ok(Parsed { event, stored })
+    let reads_back = if body.is_empty() {
+        true
+    } else {
+        append_binary_data(&mut stored, ct.as_deref(), body)?
+    };
+    Ok(Parsed {
+        event,
+        stored,
+        reads_back,
+    })
 }
 
-/// Appends the body as the `data` member of an encoded event (which ends in `}`).
+/// Nesting of JSON data up to which `strict_json` alone vouches for the stored event
+/// (which adds a level): comfortably below the decoder's recursion limit of 128. Deeper
+/// data is checked by decoding the whole event.
+const STRICT_DEPTH: u32 = 100;
+
+/// Reads `body` the way the decoder reads JSON data into a `serde_json::Value` (strings
+/// unescaped and checked, so a lone surrogate fails; numbers parsed, so `1e400` fails;
+/// the parser's recursion limit), without building anything. Returns the deepest nesting.
+fn strict_json(body: &[u8]) -> Result<u32, serde_json::Error> {
+    use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
+
+    struct Strict(u32);
+    impl<'de> DeserializeSeed<'de> for Strict {
+        type Value = u32;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<u32, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Strict {
+        type Value = u32;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<u32, E> {
+            Ok(self.0)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<u32, E> {
+            Ok(self.0)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<u32, E> {
+            Ok(self.0)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<u32, E> {
+            Ok(self.0)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<u32, E> {
+            Ok(self.0)
+        }
+        fn visit_unit<E>(self) -> Result<u32, E> {
+            Ok(self.0)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u32, A::Error> {
+            let mut deepest = self.0 + 1;
+            while let Some(d) = seq.next_element_seed(Strict(self.0 + 1))? {
+                deepest = deepest.max(d);
+            }
+            Ok(deepest)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<u32, A::Error> {
+            let mut deepest = self.0 + 1;
+            // Keys are strings, read (and checked) like values.
+            while map.next_key_seed(Strict(0))?.is_some() {
+                deepest = deepest.max(map.next_value_seed(Strict(self.0 + 1))?);
+            }
+            Ok(deepest)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let depth = Strict(0).deserialize(&mut de)?;
+    de.end()?;
+    Ok(depth)
+}
+
+/// Appends the body as the `data` member of an encoded event (which ends in `}`). Returns
+/// whether the result is known to read back without decoding it (`Parsed::reads_back`).
 fn append_binary_data(
     stored: &mut Vec<u8>,
     essence: Option<&str>,
     body: &[u8],
-) -> Result<(), EventError> {
+) -> Result<bool, EventError> {
     if stored.pop() != Some(b'}') {
         return Err(EventError::invalid(
             "event",
@@ -299,14 +377,17 @@ fn append_binary_data(
             stored.push(b',');
         }
     };
+    // Text and base64 data always read back.
+    let mut reads_back = true;
     match essence {
         Some(ct) if is_json(ct) => {
-            serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(|e| {
+            let depth = strict_json(body).map_err(|e| {
                 EventError::invalid(
                     "data",
                     format!("the body is not valid JSON, but the content type is `{ct}`: {e}"),
                 )
             })?;
+            reads_back = depth < STRICT_DEPTH;
             comma(stored);
             stored.extend_from_slice(b"\"data\":");
             // memchr-backed scans: cheaper than one pass matching two bytes.
@@ -338,7 +419,7 @@ fn append_binary_data(
         }
     }
     stored.push(b'}');
-    Ok(())
+    Ok(reads_back)
 }
 
 /// JSON media types, as the JSON event format defines them (`application/json`, `+json`).
@@ -709,6 +790,76 @@ mod tests {
         ("ce-source", "/orders"),
         ("ce-type", "order.created"),
     ];
+
+    /// Binary-mode JSON data is accepted exactly when the stored event decodes: the strict
+    /// walk (no decode) agrees with decoding the whole event, at every edge we know of.
+    #[test]
+    fn binary_json_data_is_accepted_exactly_when_the_event_decodes() {
+        let mut pairs = MINIMAL.to_vec();
+        pairs.push(("content-type", "application/json"));
+        let headers = headers(&pairs);
+        let attributes = {
+            let mut e = encode(&from_binary(&headers, b"").unwrap().event).unwrap();
+            e.pop();
+            e
+        };
+        let nested = |n: usize| "[".repeat(n) + &"]".repeat(n);
+        let object_nested = |n: usize| r#"{"a":"#.repeat(n) + "1" + &"}".repeat(n);
+        let mut cases: Vec<Vec<u8>> = [
+            r#"{"a":"\ud800"}"#,
+            r#""\udc00""#,
+            r#"{"\ud800":1}"#,
+            r#"["\ud800\u0041"]"#,
+            r#"{"a":"\ud83d\ude00"}"#,
+            "1e400",
+            "-1e400",
+            "100000000000000000000000000000",
+            "1.5e300",
+            "-0",
+            r#"{"a":[1,2,{"b":null}]}"#,
+            "true",
+            "null",
+            r#""plain""#,
+            r#""\u0000""#,
+            r#"{"a":1}  "#,
+            r#"{"a":1} x"#,
+            r#"{"a":1,"a":2}"#,
+            "[1,]",
+        ]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect();
+        for n in [50, 98, 99, 100, 101, 125, 126, 127, 128, 129, 300] {
+            cases.push(nested(n).into_bytes());
+            cases.push(object_nested(n).into_bytes());
+        }
+        cases.push(b"\"\xff\"".to_vec());
+        cases.push(b"{\"a\":\"\xc3\x28\"}".to_vec());
+        for body in cases {
+            // What the gateway accepts: parsed, then read back unless it vouches for it.
+            let accepted = match from_binary(&headers, &body) {
+                Ok(p) => p.reads_back || check_stored(&p.stored).is_ok(),
+                Err(_) => false,
+            };
+            // What delivery can read: the body as the event's data, decoded.
+            let mut naive = attributes.clone();
+            naive.extend_from_slice(b",\"data\":");
+            naive.extend_from_slice(body.trim_ascii());
+            naive.push(b'}');
+            let decodes = decode(&naive).is_ok();
+            assert_eq!(
+                accepted,
+                decodes,
+                "{}",
+                String::from_utf8_lossy(&body[..body.len().min(80)])
+            );
+            if let Ok(p) = from_binary(&headers, &body) {
+                if p.reads_back {
+                    assert!(decode(&p.stored).is_ok(), "vouched for but does not decode");
+                }
+            }
+        }
+    }
 
     #[test]
     fn binary_minimal_and_json_data() {

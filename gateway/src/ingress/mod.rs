@@ -638,6 +638,7 @@ pub(crate) fn entry(
     let cloudevent::Parsed {
         event,
         stored: bytes,
+        reads_back,
     } = parsed?;
     if bytes.len() > limits.max_event_bytes {
         return Err(EventError::too_large(
@@ -649,8 +650,11 @@ pub(crate) fn entry(
             ),
         ));
     }
-    // Accept exactly what delivery can read: anything else would stall its shard.
-    cloudevent::check_stored(&bytes)?;
+    // Accept exactly what delivery can read: anything else would stall its shard. (Binary
+    // mode's data was read as the decoder reads it already; the rest is decoded once.)
+    if !reads_back {
+        cloudevent::check_stored(&bytes)?;
+    }
     let shard = shard_of(&cloudevent::partition_key(&event), shards);
     // The store's tail cache keeps these bytes and counts their length: no spare
     // capacity from the encoder's growth may ride along.
