@@ -114,6 +114,10 @@ pub struct TracingConfig {
     /// The `service.name` of the exported resource.
     #[serde(default = "defaults::service_name")]
     pub service_name: String,
+    /// Share of new traces exported (0 to 1; default 1: all). A caller's `traceparent`
+    /// decides for its own trace (its `sampled` flag).
+    #[serde(default = "defaults::sample_ratio")]
+    pub sample_ratio: f64,
 }
 
 impl Default for TracingConfig {
@@ -122,6 +126,7 @@ impl Default for TracingConfig {
             otlp_endpoint: None,
             otlp_headers: Default::default(),
             service_name: defaults::service_name(),
+            sample_ratio: defaults::sample_ratio(),
         }
     }
 }
@@ -150,6 +155,9 @@ impl TracingConfig {
                     redact_url(endpoint)
                 ))
             }
+        }
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            return Err("tracing.sample_ratio must be between 0 and 1".to_string());
         }
         let mut headers = Vec::new();
         for (name, value) in &self.otlp_headers {
@@ -794,6 +802,10 @@ mod defaults {
 
     pub(super) fn service_name() -> String {
         "sluice".to_string()
+    }
+
+    pub(super) fn sample_ratio() -> f64 {
+        1.0
     }
 
     pub(super) fn listen() -> SocketAddr {

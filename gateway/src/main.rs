@@ -231,6 +231,7 @@ fn init_logging(config: &Config) -> anyhow::Result<Option<SpanExport>> {
             endpoint: export.endpoint,
             service_name: config.tracing.service_name.clone(),
             headers: export.headers.into_iter().collect(),
+            sample_ratio: config.tracing.sample_ratio,
         });
         // The gateway's own spans, whatever the log filter says.
         let spans =

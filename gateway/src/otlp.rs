@@ -54,9 +54,14 @@ type SpanId = [u8; 8];
 /// A W3C `traceparent` (`00-{trace id}-{parent id}-{flags}`) as ids; `None` when it is not
 /// one (or its ids are all zero, which the specification calls invalid).
 pub fn parse_traceparent(value: &str) -> Option<(TraceId, SpanId)> {
+    parse_context(value).map(|(trace, span, _)| (trace, span))
+}
+
+/// A `traceparent`'s ids and its `sampled` flag.
+fn parse_context(value: &str) -> Option<(TraceId, SpanId, bool)> {
     let mut parts = value.trim().split('-');
     let (version, trace, span) = (parts.next()?, parts.next()?, parts.next()?);
-    parts.next()?;
+    let flags = u8::from_str_radix(parts.next()?.get(..2)?, 16).ok()?;
     if version.len() != 2 || version == "ff" {
         return None;
     }
@@ -65,7 +70,7 @@ pub fn parse_traceparent(value: &str) -> Option<(TraceId, SpanId)> {
     if trace == [0; 16] || span == [0; 8] {
         return None;
     }
-    Some((trace, span))
+    Some((trace, span, flags & 1 == 1))
 }
 
 fn hex_bytes<const N: usize>(text: &str) -> Option<[u8; N]> {
@@ -113,6 +118,8 @@ struct SpanData {
     attributes: Vec<(&'static str, Attr)>,
     links: Vec<(TraceId, SpanId)>,
     error: Option<String>,
+    /// Exported (the trace's sampling decision, taken at its root or by its caller).
+    sampled: bool,
 }
 
 /// An attribute's value (OTLP `AnyValue`).
@@ -190,6 +197,8 @@ fn kind_of(name: &str) -> u8 {
 /// The layer: see the module documentation.
 pub struct OtlpLayer {
     queue: mpsc::Sender<SpanData>,
+    /// Share of new traces exported (a caller's own decision, its `sampled` flag, wins).
+    sample_ratio: f64,
 }
 
 impl<S> Layer<S> for OtlpLayer
@@ -205,13 +214,18 @@ where
         let local_parent = span.parent().and_then(|p| {
             p.extensions()
                 .get::<SpanState>()
-                .map(|s| (s.0.trace_id, s.0.span_id))
+                .map(|s| (s.0.trace_id, s.0.span_id, s.0.sampled))
         });
-        let remote = fields.traceparent.as_deref().and_then(parse_traceparent);
-        let (trace_id, parent) = match (local_parent, remote) {
-            (Some((trace, span)), _) => (trace, Some(span)),
-            (None, Some((trace, span))) => (trace, Some(span)),
-            (None, None) => (fastrand::u128(..).to_be_bytes(), None),
+        let remote = fields.traceparent.as_deref().and_then(parse_context);
+        let (trace_id, parent, sampled) = match (local_parent, remote) {
+            (Some((trace, span, sampled)), _) | (None, Some((trace, span, sampled))) => {
+                (trace, Some(span), sampled)
+            }
+            (None, None) => (
+                fastrand::u128(..).to_be_bytes(),
+                None,
+                self.sample_ratio >= 1.0 || fastrand::f64() < self.sample_ratio,
+            ),
         };
         let links = fields.links.as_deref().map(parse_links).unwrap_or_default();
         let data = SpanData {
@@ -229,6 +243,7 @@ where
             attributes: fields.attributes,
             links,
             error: None,
+            sampled,
         };
         span.extensions_mut().insert(SpanState(data));
     }
@@ -246,10 +261,12 @@ where
         // A trace context recorded after the span began (read from the request or the
         // batch once known) applies while the span has no parent of its own.
         if data.parent.is_none() {
-            if let Some((trace, parent)) = fields.traceparent.as_deref().and_then(parse_traceparent)
+            if let Some((trace, parent, sampled)) =
+                fields.traceparent.as_deref().and_then(parse_context)
             {
                 data.trace_id = trace;
                 data.parent = Some(parent);
+                data.sampled = sampled;
             }
         }
         if let Some(links) = fields.links.as_deref() {
@@ -282,6 +299,9 @@ where
         let Some(SpanState(mut data)) = span.extensions_mut().remove::<SpanState>() else {
             return;
         };
+        if !data.sampled {
+            return;
+        }
         data.end_ns = now_ns();
         if self.queue.try_send(data).is_err() {
             DROPPED.fetch_add(1, Ordering::Relaxed);
@@ -304,6 +324,8 @@ pub struct Settings {
     pub service_name: String,
     /// Extra request headers (an API key of a hosted collector), resolved.
     pub headers: BTreeMap<String, String>,
+    /// Share of new traces exported, 0 to 1.
+    pub sample_ratio: f64,
 }
 
 /// The exporter half: runs on the runtime once it exists.
@@ -317,7 +339,10 @@ pub fn pipeline(settings: Settings) -> (OtlpLayer, Exporter) {
     let (tx, rx) = mpsc::channel(QUEUE);
     ENABLED.store(true, Ordering::Relaxed);
     (
-        OtlpLayer { queue: tx },
+        OtlpLayer {
+            queue: tx,
+            sample_ratio: settings.sample_ratio,
+        },
         Exporter {
             queue: rx,
             settings,
@@ -531,6 +556,7 @@ mod tests {
             endpoint: "http://127.0.0.1:9".into(),
             service_name: "test".into(),
             headers: BTreeMap::new(),
+            sample_ratio: 1.0,
         });
         let subscriber = tracing_subscriber::registry().with(layer);
         tracing::subscriber::with_default(subscriber, || {
@@ -548,6 +574,13 @@ mod tests {
                 inner.in_scope(|| tracing::error!("disk full"));
             });
             drop(request);
+            let unsampled = tracing::info_span!("request", traceparent = tracing::field::Empty);
+            unsampled.record(
+                "traceparent",
+                "00-99999999999999999999999999999999-b7ad6b7169203331-00",
+            );
+            unsampled.in_scope(|| drop(tracing::info_span!("append")));
+            drop(unsampled);
             let deliver = tracing::info_span!(
                 "deliver",
                 trace_links = "00-11111111111111111111111111111111-2222222222222222-01 00-33333333333333333333333333333333-4444444444444444-01",
@@ -582,6 +615,12 @@ mod tests {
         assert_eq!(
             append["attributes"][0],
             json!({"key": "events", "value": {"intValue": "3"}})
+        );
+        assert!(
+            !spans
+                .iter()
+                .any(|s| s["traceId"] == "99999999999999999999999999999999"),
+            "a caller that did not sample its trace is not exported"
         );
         let deliver = by_name("deliver");
         assert_eq!(deliver["kind"], 4);
