@@ -1097,25 +1097,7 @@ async fn replay_a_time_range(sluice: &Sluice) {
     for id in &live {
         post_typed(sluice, "archive", id, "t").await;
     }
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        let status = api
-            .get(
-                "/api/v1/buses/{bus}/replays/{replay}",
-                &format!("/api/v1/buses/archive/replays/{id}"),
-            )
-            .await;
-        assert_eq!(status.status, 200, "{}", status.body);
-        if status.body["state"] != "RUNNING" {
-            break status.body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the replay did not end: {}",
-            status.body
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = wait_replay_end(&api, "archive", &id, Duration::from_secs(15)).await;
     assert_eq!(status["state"], "COMPLETED", "{status}");
     assert_eq!(status["matched"], 6, "{status}");
     assert_eq!(status["delivered"], 6, "{status}");
