@@ -119,7 +119,7 @@ $(VENV)/.webhook-sdks: $(VENV)/.installed
 # GitHub's own signing code for the webhook tests (@octokit/webhooks-methods from npm, into
 # the cache); tests/scripts/sign_webhook.py runs it with node.
 WEBHOOK_NODE := $(CACHE)/webhook-node
-export SLUICE_WEBHOOK_NODE ?= $(WEBHOOK_NODE)
+export WEBHOOK_NODE_DIR ?= $(WEBHOOK_NODE)
 webhook-node:
 	$(call apt_install,npm,npm)
 	@mkdir -p $(WEBHOOK_NODE) && cd $(WEBHOOK_NODE) && { [ -d node_modules/@octokit/webhooks-methods ] || npm install --silent --no-audit --no-fund @octokit/webhooks-methods@6.0.0; }

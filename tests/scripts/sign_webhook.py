@@ -4,7 +4,7 @@ Reads one JSON object on stdin: {"preset", "secret", "body", "timestamp", "id", 
 prints the headers to send as a JSON object. Where the provider publishes a library, the
 signature comes from it (Standard Webhooks: `standardwebhooks`; Stripe: `stripe`'s
 `WebhookSignature.generate_signature_header`; Slack: `slack_sdk`'s `SignatureVerifier`;
-GitHub: `@octokit/webhooks-methods`' `sign`, run with node from $SLUICE_WEBHOOK_NODE, which
+GitHub: `@octokit/webhooks-methods`' `sign`, run with node from $WEBHOOK_NODE_DIR, which
 `make webhook-node` fills);
 the others follow the provider's documentation with Python's own `hmac`, independently of
 the gateway's code.
@@ -23,7 +23,7 @@ import urllib.parse
 
 def octokit_sign(secret, body):
     """GitHub's `X-Hub-Signature-256`, made by @octokit/webhooks-methods."""
-    where = os.environ.get("SLUICE_WEBHOOK_NODE") or os.path.expanduser("~/.cache/sluice/webhook-node")
+    where = os.environ.get("WEBHOOK_NODE_DIR") or os.path.expanduser("~/.cache/sluice/webhook-node")
     if not os.path.isdir(os.path.join(where, "node_modules", "@octokit", "webhooks-methods")):
         sys.exit(f"@octokit/webhooks-methods is not installed in {where}: run `make webhook-node`")
     script = (
