@@ -53,6 +53,7 @@ pub struct SluiceBuilder {
     default_rule: bool,
     shards: u32,
     limits: String,
+    ttl: &'static str,
     extra: String,
     env: Vec<(String, String)>,
 }
@@ -83,6 +84,13 @@ impl SluiceBuilder {
 
     pub fn shards(mut self, shards: u32) -> Self {
         self.shards = shards;
+        self
+    }
+
+    /// The member and lease time to live (`[cluster]`); tests use 3 s, benchmarks that
+    /// measure takeover use the gateway's default (1500ms).
+    pub fn ttl(mut self, ttl: &'static str) -> Self {
+        self.ttl = ttl;
         self
     }
 
@@ -123,8 +131,8 @@ redis_timeout = "500ms"
 poll_interval = "1s"
 # Longer than the defaults (1.5 s): tests share two cores, and a starved heartbeat must
 # not look like a dead replica.
-member_ttl = "3s"
-lease_ttl = "3s"
+member_ttl = "{ttl}"
+lease_ttl = "{ttl}"
 
 [limits]
 {limits}
@@ -144,6 +152,7 @@ shards = {shards}
             durability = self.durability,
             strategy = self.strategy,
             limits = self.limits,
+            ttl = self.ttl,
             shards = self.shards,
             extra = self.extra,
             default_rule = if self.default_rule {
@@ -189,6 +198,7 @@ impl Sluice {
             default_rule: true,
             shards: 4,
             limits: String::new(),
+            ttl: "3s",
             extra: String::new(),
             env: Vec::new(),
         }

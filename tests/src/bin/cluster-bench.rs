@@ -83,10 +83,12 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 async fn takeover(rounds: usize) {
     let (url, prefix) = shared_redis("bench-takeover");
+    // The gateway's default member and lease TTL (the test harness uses 3 s).
     let start = || {
         Sluice::builder()
             .distributed(&url, &prefix)
             .shards(SHARDS)
+            .ttl("1500ms")
             .start()
     };
     let mut replicas = [start().await, start().await, start().await];
