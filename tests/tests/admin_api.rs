@@ -86,6 +86,21 @@ impl Api<'_> {
         self.call(Method::PUT, template, path, Some(body), &[])
             .await
     }
+
+    /// Starts a replay on `bus` (it must be accepted) and returns its first status.
+    async fn start_replay(&self, bus: &str, body: Value) -> Value {
+        let started = self
+            .call(
+                Method::POST,
+                "/api/v1/buses/{bus}/replays",
+                &format!("/api/v1/buses/{bus}/replays"),
+                Some(body),
+                &[],
+            )
+            .await;
+        assert_eq!(started.status, 202, "{}", started.body);
+        started.body
+    }
 }
 
 fn api<'a>(sluice: &'a Sluice, recorder: &'a Recorder) -> Api<'a> {
@@ -1082,16 +1097,9 @@ async fn replay_a_time_range(sluice: &Sluice) {
     }
 
     let started = api
-        .call(
-            Method::POST,
-            "/api/v1/buses/{bus}/replays",
-            "/api/v1/buses/archive/replays",
-            Some(json!({"rule": "main", "from": from, "to": to})),
-            &[],
-        )
+        .start_replay("archive", json!({"rule": "main", "from": from, "to": to}))
         .await;
-    assert_eq!(started.status, 202, "{}", started.body);
-    let id = started.body["id"].as_str().unwrap().to_string();
+    let id = started["id"].as_str().unwrap().to_string();
     // Live traffic meanwhile.
     let live = ids_of("live");
     for id in &live {
@@ -1431,18 +1439,9 @@ max_in_flight = 1
     // Each replayed event takes the receiver 40 ms, one at a time: the replay runs for
     // about 5 s, shard after shard.
     receiver.default_reply(receiver::Reply::Sleep(Duration::from_millis(40), 200));
-    let started = api_a
-        .call(
-            Method::POST,
-            "/api/v1/buses/{bus}/replays",
-            "/api/v1/buses/archive/replays",
-            Some(json!({"rule": "slow"})),
-            &[],
-        )
-        .await;
-    assert_eq!(started.status, 202, "{}", started.body);
-    let id = started.body["id"].as_str().unwrap().to_string();
-    let first_worker = started.body["worker"].as_str().unwrap().to_string();
+    let started = api_a.start_replay("archive", json!({"rule": "slow"})).await;
+    let id = started["id"].as_str().unwrap().to_string();
+    let first_worker = started["worker"].as_str().unwrap().to_string();
 
     // Kill A once at least one shard is done (as recorded).
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -1607,17 +1606,8 @@ async fn retention_by_size_keeps_the_newest_bytes_of_passed_events() {
     );
     assert!(kept < ids.len(), "nothing was released");
     // What is kept is the newest: a replay of everything brings exactly those back.
-    let started = api
-        .call(
-            Method::POST,
-            "/api/v1/buses/{bus}/replays",
-            "/api/v1/buses/sized/replays",
-            Some(json!({"rule": "all"})),
-            &[],
-        )
-        .await;
-    assert_eq!(started.status, 202, "{}", started.body);
-    let id = started.body["id"].as_str().unwrap().to_string();
+    let started = api.start_replay("sized", json!({"rule": "all"})).await;
+    let id = started["id"].as_str().unwrap().to_string();
     let end = wait_replay_end(&api, "sized", &id, Duration::from_secs(20)).await;
     assert_eq!(end["state"], "COMPLETED", "{end}");
     assert_eq!(end["read"].as_u64(), Some(kept as u64), "{end}");
