@@ -106,14 +106,9 @@ run_sluice sluice-os-otlp10 os "$otlp
 sample_ratio = 0.1"
 kill $otlp_pid; wait $otlp_pid 2>/dev/null || true
 
-# Verified webhooks on the same bus (the body of post.lua, signed once; each request has its
-# own delivery id, so every one is verified and deduplicated).
-body=$(python3 - <<'PY'
-print('{"order":{"id":"ord-000000","customer":"cust-42","currency":"EUR","total":1234.56,"lines":['
-      + '{"sku":"SKU-12345","qty":2,"price":12.5},' * 20
-      + '{"sku":"SKU-99999","qty":1,"price":1}]},"note":"' + "x" * 48 + '"}', end="")
-PY
-)
+# Verified webhooks on the same bus (the data post.lua sends, signed once; each request has
+# its own delivery id, so every one is verified and deduplicated).
+body=$(cat tests/bench/event-data.json)
 export WEBHOOK_SIGNATURE="sha256=$(printf '%s' "$body" | openssl dgst -sha256 -hmac bench-secret -r | cut -d' ' -f1)"
 hook='[[webhooks]]
 name = "github"

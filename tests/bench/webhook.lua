@@ -3,9 +3,11 @@
 -- verified and deduplicated). ingest.sh passes the signature in WEBHOOK_SIGNATURE.
 local counter = 0
 local thread_id = tostring(math.random(1, 1000000000))
-local body = '{"order":{"id":"ord-000000","customer":"cust-42","currency":"EUR","total":1234.56,'
-  .. '"lines":[' .. string.rep('{"sku":"SKU-12345","qty":2,"price":12.5},', 20)
-  .. '{"sku":"SKU-99999","qty":1,"price":1}]},"note":"' .. string.rep("x", 48) .. '"}'
+-- The event data (~1 KiB), shared with ingest.sh and the other script, next to this one.
+local dir = debug.getinfo(1, "S").source:match("^@(.*/)") or ""
+local file = assert(io.open(dir .. "event-data.json", "rb"))
+local body = file:read("*a")
+file:close()
 
 wrk.method = "POST"
 wrk.body = body
