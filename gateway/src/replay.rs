@@ -68,8 +68,8 @@ pub async fn first_after(
 /// to the committed position (a new owner, a large backlog) only errs on keeping more.
 #[derive(Debug, Default)]
 pub struct SizeWindow {
-    /// Records below it are counted.
-    scanned: Seq,
+    /// Records below it are counted (`None`: not started; it starts at the log's start).
+    scanned: Option<Seq>,
     /// First seq and bytes of each chunk, oldest first.
     chunks: std::collections::VecDeque<(Seq, u64)>,
     total: u64,
@@ -89,18 +89,19 @@ impl SizeWindow {
         upto: Seq,
         max_bytes: u64,
     ) -> Result<Seq, StoreError> {
-        if upto < self.scanned {
+        if self.scanned.is_some_and(|scanned| upto < scanned) {
             // Positions went back (a reset): count again.
             *self = SizeWindow::default();
         }
-        if self.scanned == 0 && self.chunks.is_empty() {
-            self.scanned = log.start(shard).await?.min(upto);
-        }
+        let mut scanned = match self.scanned {
+            Some(scanned) => scanned,
+            None => log.start(shard).await?.min(upto),
+        };
         let chunk_limit = (max_bytes / 64).max(1);
         let mut read = 0u64;
-        if self.scanned < upto {
-            let mut reader = log.reader(shard, self.scanned).await?;
-            'scan: while self.scanned < upto && read < SIZE_SCAN_BUDGET {
+        if scanned < upto {
+            let mut reader = log.reader(shard, scanned).await?;
+            'scan: while scanned < upto && read < SIZE_SCAN_BUDGET {
                 let records = reader.read(512).await?;
                 if records.is_empty() {
                     break;
@@ -116,17 +117,18 @@ impl SizeWindow {
                         _ => self.chunks.push_back((record.seq, size)),
                     }
                     self.total += size;
-                    self.scanned = record.seq + 1;
+                    scanned = record.seq + 1;
                 }
             }
         }
+        self.scanned = Some(scanned);
         while self.total > max_bytes {
             let Some((_, bytes)) = self.chunks.pop_front() else {
                 break;
             };
             self.total -= bytes;
         }
-        Ok(self.chunks.front().map_or(self.scanned, |c| c.0))
+        Ok(self.chunks.front().map_or(scanned, |c| c.0))
     }
 }
 
