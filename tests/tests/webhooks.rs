@@ -492,15 +492,37 @@ async fn distributed_replicas_store_a_concurrent_delivery_once() {
     }
     assert_eq!(statuses.get(&202), Some(&N), "{statuses:?}");
     assert_eq!(statuses.get(&200), Some(&N), "{statuses:?}");
-    // What the bus holds: one stream entry per delivery.
+    // What the bus took: one record per delivery (counted by the shard's sequence counter:
+    // the stream itself is trimmed once every subscription has passed its entries).
     let client = redis::Client::open(redis_url.as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let len: usize = redis::cmd("XLEN")
+    let (next, len): (usize, usize) = redis::pipe()
+        .cmd("GET")
+        .arg(format!("{prefix}:bus:default:0:next"))
+        .cmd("XLEN")
         .arg(format!("{prefix}:bus:default:0"))
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(len, N);
+    eprintln!("sequence counter {next}, stream length {len}");
+    assert_eq!(next, N);
+    // And delivered once each, by whichever replica owns the shard.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut delivered = ids(&a.delivered());
+        delivered.extend(ids(&b.delivered()));
+        delivered.sort();
+        let mut want: Vec<String> = (0..N).map(|i| format!("race-{i}")).collect();
+        want.sort();
+        if delivered == want {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline && delivered.len() <= N,
+            "{delivered:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}:dedup:github:*"))
         .query_async(&mut conn)
@@ -511,6 +533,69 @@ async fn distributed_replicas_store_a_concurrent_delivery_once() {
         N,
         "one dedup record per delivery, under the prefix"
     );
+}
+
+/// Distributed, a delivery id is recorded by the same Redis script that appends the event
+/// (one round trip): when the append fails nothing is recorded, so the provider's retry is
+/// stored, and once stored the id is kept for the dedup window.
+#[tokio::test]
+async fn a_failed_append_records_no_delivery_id() {
+    let (redis_url, prefix) = shared_redis("webhook-dedup-failed-append");
+    let sluice = Sluice::builder()
+        .shards(1)
+        .distributed(&redis_url, &prefix)
+        .extra(&config())
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    let url = sluice.url("/webhooks/github");
+    let redis = redis::Client::open(redis_url.as_str()).unwrap();
+    let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
+    // The shard's stream key holds a string: every append to it fails.
+    let stream = format!("{prefix}:bus:default:0");
+    let _: () = redis::cmd("SET")
+        .arg(&stream)
+        .arg("not a stream")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (body, ct) = body_of("github", "fail-1");
+    let h = sign("github", "gh-secret", &body, now(), "fail-1");
+    let (status, answer) = send(&client, &url, &body, ct, &h).await;
+    assert_eq!(status, 503, "{answer}");
+    let key = format!("{prefix}:dedup:github:fail-1");
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "no record of a delivery that was not stored");
+
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (status, answer) = send(&client, &url, &body, ct, &h).await;
+    assert_eq!((status, &answer["status"]), (202, &json!("accepted")));
+    let (held, ttl): (String, i64) = redis::pipe()
+        .cmd("GET")
+        .arg(&key)
+        .cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(held, "done");
+    assert!(ttl > 23 * 3_600_000, "kept for the 24 h window: {ttl} ms");
+    let (status, answer) = send(&client, &url, &body, ct, &h).await;
+    assert_eq!((status, &answer["status"]), (200, &json!("duplicate")));
+    let len: usize = redis::cmd("XLEN")
+        .arg(&stream)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(len, 1);
 }
 
 /// A bus that opts in (`dedup_window`) stores a CloudEvent's `source` + `id` once, also

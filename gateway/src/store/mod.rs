@@ -149,6 +149,30 @@ pub trait BusLog: Send + Sync + 'static {
     fn write_problem(&self) -> Option<String> {
         None
     }
+
+    /// Appends the records of one shard, each under its deduplication key, in one atomic
+    /// step with the dedup records: a record whose key is already recorded is not stored,
+    /// and a key is recorded (for `window`) only with its record, so a failed store never
+    /// makes a retry look like a duplicate. `None` when this log cannot do both at once
+    /// (the caller reserves, stores and confirms through its `Dedup` instead).
+    async fn append_unique(
+        &self,
+        _shard: u32,
+        _records: &[(Bytes, &str)],
+        _window: Duration,
+    ) -> Option<Result<Vec<Unique>, StoreError>> {
+        None
+    }
+}
+
+/// What became of one record of [`BusLog::append_unique`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unique {
+    Stored(Seq),
+    /// Its key was recorded within the window: not stored again.
+    Duplicate,
+    /// Its key is held by a request still deciding (reserved through a `Dedup`).
+    Busy,
 }
 
 #[async_trait]

@@ -37,6 +37,7 @@ use tokio::sync::watch;
 use crate::runtime::cluster::{Cluster, Control, Lease, Status};
 use crate::store::{
     BusLog, GroupPositions, PositionStore, Record, Seq, ShardAppend, ShardReader, StoreError,
+    Unique,
 };
 
 fn redis_error(context: &str, e: &redis::RedisError) -> StoreError {
@@ -135,12 +136,37 @@ end
 return first
 ";
 
+/// KEYS: the stream, its counter, then one dedup key per record. ARGV: the acceptance time
+/// (ms), the dedup window (ms), then the records. Per record: its sequence number, -1 when
+/// its key is recorded (a duplicate), -2 when a request holds it (`pending:` reservation of
+/// the reserve/confirm path). A record and its dedup key are written together or not at
+/// all (a duplicate within one call is caught by the key the first one set).
+const APPEND_UNIQUE: &str = r"
+local out = {}
+for i = 1, #ARGV - 2 do
+  local key = KEYS[i + 2]
+  local held = redis.call('GET', key)
+  if held == 'done' then
+    out[i] = -1
+  elseif held then
+    out[i] = -2
+  else
+    local next = redis.call('INCR', KEYS[2])
+    redis.call('XADD', KEYS[1], '0-' .. next, 'e', ARGV[i + 2], 't', ARGV[1])
+    redis.call('SET', key, 'done', 'PX', ARGV[2])
+    out[i] = next - 1
+  end
+end
+return out
+";
+
 /// One bus's log: a Redis stream per shard.
 pub struct RedisLog {
     redis: Redis,
     bus: String,
     shards: u32,
     append: Script,
+    append_unique: Script,
     /// What this worker knows of each shard's end (its own appends).
     tails: Vec<watch::Sender<Seq>>,
 }
@@ -152,6 +178,7 @@ impl RedisLog {
             bus: bus.to_string(),
             shards,
             append: Script::new(APPEND),
+            append_unique: Script::new(APPEND_UNIQUE),
             tails: (0..shards).map(|_| watch::Sender::new(0)).collect(),
         }
     }
@@ -163,6 +190,19 @@ impl RedisLog {
     fn counter(&self, shard: u32) -> String {
         self.redis
             .key(&["bus", &self.bus, &shard.to_string(), "next"])
+    }
+
+    /// Moves the known end of a shard forward to `end`.
+    fn advance(&self, shard: u32, end: Seq) {
+        if let Some(tail) = self.tails.get(shard as usize) {
+            tail.send_if_modified(|t| {
+                let moved = end > *t;
+                if moved {
+                    *t = end;
+                }
+                moved
+            });
+        }
     }
 }
 
@@ -218,20 +258,86 @@ impl BusLog for RedisLog {
                 Err(_) => metrics.write_error(&self.bus, append.shard),
             }
             if let Ok(first) = &result {
-                let end = first + append.records.len() as Seq;
-                if let Some(tail) = self.tails.get(append.shard as usize) {
-                    tail.send_if_modified(|t| {
-                        let moved = end > *t;
-                        if moved {
-                            *t = end;
-                        }
-                        moved
-                    });
-                }
+                self.advance(append.shard, first + append.records.len() as Seq);
             }
             results.push(result);
         }
         results
+    }
+
+    async fn append_unique(
+        &self,
+        shard: u32,
+        records: &[(Bytes, &str)],
+        window: Duration,
+    ) -> Option<Result<Vec<Unique>, StoreError>> {
+        if shard >= self.shards {
+            return Some(Err(StoreError::Unavailable(format!(
+                "bus `{}` has no shard {shard}",
+                self.bus
+            ))));
+        }
+        if let Some((r, _)) = records
+            .iter()
+            .find(|(r, _)| r.len() > crate::store::MAX_RECORD_BYTES)
+        {
+            return Some(Err(StoreError::TooLarge(format!(
+                "a record of {} bytes is over the store's limit of {} bytes",
+                r.len(),
+                crate::store::MAX_RECORD_BYTES
+            ))));
+        }
+        let mut invocation = self.append_unique.prepare_invoke();
+        invocation.key(self.stream(shard)).key(self.counter(shard));
+        for (_, key) in records {
+            // The key the reserve/confirm path (`webhooks::dedup::RedisDedup`) uses.
+            invocation.key(self.redis.key(&["dedup", key]));
+        }
+        invocation
+            .arg(crate::store::now_ms())
+            .arg(u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1));
+        for (record, _) in records {
+            invocation.arg(record.as_ref());
+        }
+        let started = std::time::Instant::now();
+        let result = invocation
+            .invoke_async::<Vec<i64>>(&mut self.redis.conn())
+            .await
+            .map_err(|e| redis_error("append", &e));
+        let metrics = crate::metrics::get();
+        metrics.observe_redis("append", started.elapsed(), result.is_ok());
+        let answers = match result {
+            Ok(answers) if answers.len() == records.len() => answers,
+            Ok(answers) => {
+                return Some(Err(StoreError::Corrupt(format!(
+                    "redis answered {} results for {} records",
+                    answers.len(),
+                    records.len()
+                ))))
+            }
+            Err(e) => {
+                metrics.write_error(&self.bus, shard);
+                return Some(Err(e));
+            }
+        };
+        let out: Vec<Unique> = answers
+            .into_iter()
+            .map(|a| match a {
+                -1 => Unique::Duplicate,
+                a if a < 0 => Unique::Busy,
+                seq => Unique::Stored(seq as Seq),
+            })
+            .collect();
+        let stored = out.iter().filter_map(|u| match u {
+            Unique::Stored(seq) => Some(*seq),
+            _ => None,
+        });
+        let count = stored.clone().count();
+        if let Some(last) = stored.max() {
+            metrics.appended(&self.bus, shard).inc_by(count as u64);
+            self.advance(shard, last + 1);
+        }
+        Some(Ok(out))
     }
 
     async fn reader(&self, shard: u32, from: Seq) -> Result<Box<dyn ShardReader>, StoreError> {

@@ -3,8 +3,11 @@
 //! in flight), then `confirm` keeps it for the dedup window once the event is stored, or
 //! `release` drops it when the store failed, so the provider's retry is taken.
 //!
-//! Distributed: Redis (`SET NX PX`, compare-and-set scripts), so two replicas never both
-//! store a delivery. Standalone: a map in the process whose confirmed records are appended
+//! Distributed, the Redis log does better than these three steps: its `append_unique`
+//! checks the key, appends the event and records the key in one script (one round trip,
+//! atomic), so two replicas never both store a delivery and a key exists only with its
+//! event (`ingress::store_unique` picks that path). `RedisDedup` (`SET NX PX`,
+//! compare-and-set scripts) remains for logs that cannot. Standalone: a map in the process whose confirmed records are appended
 //! to a file in the data directory (`webhook-dedup.jsonl`, read back and compacted at
 //! start), so they survive a restart; the file is not flushed per record, so a power loss
 //! may forget the last ones (their retries are stored again: at least once).
@@ -112,8 +115,13 @@ impl MemoryDedup {
             return Ok(());
         };
         let until = unix_ms().saturating_add(u64::try_from(window.as_millis()).unwrap_or(u64::MAX));
-        let mut line = serde_json::json!({"k": key, "u": until}).to_string();
-        line.push('\n');
+        // `{"k":<key as a JSON string>,"u":<until>}`: what `persistent` reads back.
+        let mut line = String::with_capacity(key.len() + 40);
+        line.push_str("{\"k\":");
+        line.push_str(&serde_json::to_string(key).unwrap_or_default());
+        line.push_str(",\"u\":");
+        line.push_str(&until.to_string());
+        line.push_str("}\n");
         let mut file = file.lock().unwrap_or_else(|p| p.into_inner());
         file.write_all(line.as_bytes())
             .map_err(|e| StoreError::Unavailable(format!("webhook dedup file: {e}")))
