@@ -129,7 +129,7 @@ export const catalog = () => get("catalog");
 export const connectors = () => get("connectors");
 export const cluster = () => get("cluster");
 
-/** This replica's webhook sources (read-only: they come from its configuration file). */
+/** The catalog's webhook sources and this replica's own (from its configuration file). */
 export const webhooks = () => get("webhooks");
 
 /** The source connectors of the catalog (RocketMQ). */

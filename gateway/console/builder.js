@@ -70,7 +70,7 @@ export async function renderBuilder(root, { bus, rule }, app) {
     return null;
   }
   const feeders = [
-    ...webhooks.filter((w) => w?.bus === bus).map((w) => ({ type: "webhook", name: w.name, preset: w.preset, path: w.path || `/webhooks/${w.name}` })),
+    ...webhooks.filter((w) => w?.bus === bus).map((w) => ({ type: "webhook", name: w.name, preset: w.preset || w.verify?.preset, path: w.path || `/webhooks/${w.name}`, origin: w.origin, unavailable: w.unavailable })),
     ...(sources || catalog.sources || []).filter((s) => s?.bus === bus),
   ];
   const builder = new Builder(root, app, { bus, busResource, catalog, connectors, rule: loaded, feeders });
@@ -712,8 +712,10 @@ class Builder {
         fact("Verified by", d.preset ? h("code", { text: d.preset }) : "—"),
         fact("Providers post to", clip(`POST ${d.path}`)),
         fact("Events' source", clip(d.path)),
+        fact("Declared in", d.origin === "catalog" ? "the catalog (every replica)" : "this replica's configuration file"),
+        ...(d.unavailable ? [fact("Unavailable here", clip(d.unavailable))] : []),
       ),
-      h("p", { class: "callout source-hint" }, "Read-only: webhook sources come from each replica's configuration file (", h("code", { text: "[[webhooks]]" }), "), so give every replica the same. Their secrets are never shown."),
+      h("p", { class: "callout source-hint" }, "Read-only here: a webhook source comes from a replica's configuration file (", h("code", { text: "[[webhooks]]" }), ") or from the catalog (", h("code", { text: "PUT /api/v1/webhooks/{name}" }), " or ", h("code", { text: "sluice ctl apply" }), ", with ", h("code", { text: "env:" }), " secrets). Secrets are never shown."),
     ]);
   }
 

@@ -37,6 +37,7 @@ use crate::ingress::IngressState;
 use crate::problem::Problem;
 use crate::runtime::cluster::task_id;
 use crate::sources::SourceConfig;
+use crate::webhooks::WebhookConfig;
 
 /// The OpenAPI description of `/api/v1`, kept in `schemas/` and checked against the
 /// routes by the tests.
@@ -171,6 +172,10 @@ pub fn routes(state: Arc<IngressState>) -> Router {
         )
         .route("/api/v1/cluster", get(cluster))
         .route("/api/v1/webhooks", get(list_webhooks))
+        .route(
+            "/api/v1/webhooks/{name}",
+            get(get_webhook).put(put_webhook).delete(delete_webhook),
+        )
         .route(
             "/api/v1/buses/{bus}/replays",
             get(list_replays).post(start_replay),
@@ -319,6 +324,18 @@ fn rule_view(snapshot: &Snapshot, rule: &RuleConfig) -> Value {
     )
 }
 
+/// A catalog webhook source: its settings (secrets are `env:` references), version, the
+/// URL providers call, and whether this replica can serve it.
+fn webhook_view(snapshot: &Snapshot, hook: &WebhookConfig) -> Value {
+    let name = hook.name.get_ref();
+    let mut value = view(hook, snapshot.version_of(&catalog::webhook_key(name)));
+    if let Value::Object(map) = &mut value {
+        map.insert("path".to_string(), json!(format!("/webhooks/{name}")));
+        map.insert("origin".to_string(), json!("catalog"));
+    }
+    value
+}
+
 fn source_view(snapshot: &Snapshot, source: &SourceConfig) -> Value {
     view(
         source,
@@ -337,6 +354,7 @@ async fn get_catalog(State(state): State<Arc<IngressState>>) -> Response {
             "buses": s.channels.buses.iter().map(|b| bus_view(&s, b)).collect::<Vec<_>>(),
             "rules": s.channels.rules.iter().map(|r| rule_view(&s, r)).collect::<Vec<_>>(),
             "sources": s.channels.sources.iter().map(|r| source_view(&s, r)).collect::<Vec<_>>(),
+            "webhooks": s.channels.webhooks.iter().map(|h| webhook_view(&s, h)).collect::<Vec<_>>(),
         }))
         .into_response(),
         Err(e) => store_problem(&e).into_response(),
@@ -589,6 +607,10 @@ fn key_of(channels: &Channels, kind: Kind, index: usize) -> Option<String> {
             .sources
             .get(index)
             .map(|s| catalog::source_key(s.name())),
+        Kind::Webhook => channels
+            .webhooks
+            .get(index)
+            .map(|h| catalog::webhook_key(h.name.get_ref())),
     }
 }
 
@@ -679,6 +701,30 @@ fn source_addressed(name: &str) -> Addressed<SourceConfig> {
         list: sources_of,
         list_mut: sources_mut,
         view: source_view,
+    }
+}
+
+fn webhooks_of(c: &Channels) -> &Vec<WebhookConfig> {
+    &c.webhooks
+}
+fn webhooks_mut(c: &mut Channels) -> &mut Vec<WebhookConfig> {
+    &mut c.webhooks
+}
+
+fn no_webhook(name: &str) -> Problem {
+    Problem::unknown(format!("no webhook source `{name}` in the catalog")).with_field("name")
+}
+
+fn webhook_addressed(name: &str) -> Addressed<WebhookConfig> {
+    Addressed {
+        kind: Kind::Webhook,
+        key: catalog::webhook_key(name),
+        what: format!("webhook source `{name}`"),
+        location: format!("/api/v1/webhooks/{name}"),
+        missing: no_webhook(name),
+        list: webhooks_of,
+        list_mut: webhooks_mut,
+        view: webhook_view,
     }
 }
 
@@ -840,9 +886,9 @@ async fn delete_bus(
     // What this replica's own file ties to the bus (webhook sources, schemas).
     let webhooks = state.webhooks();
     let local: Vec<String> = webhooks
-        .buses()
+        .file_buses()
         .filter(|(_, b)| *b == bus)
-        .map(|(name, _)| format!("webhook `{name}`"))
+        .map(|(name, _)| format!("webhook `{name}` (this replica's file)"))
         .chain(
             state
                 .bus_schemas(&bus)
@@ -862,6 +908,13 @@ async fn delete_bus(
                     .iter()
                     .filter(|r| r.bus() == bus)
                     .map(|r| format!("source `{}`", r.name())),
+            )
+            .chain(
+                s.channels
+                    .webhooks
+                    .iter()
+                    .filter(|h| h.bus == bus)
+                    .map(|h| format!("webhook `{}`", h.name.get_ref())),
             )
             .collect();
         users.extend(local.iter().cloned());
@@ -1010,6 +1063,13 @@ fn applied_invalid(next: &Channels, body: &Channels, invalid: &crate::config::In
                 .map(|s| catalog::source_key(s.name()))
                 .collect(),
         ),
+        Kind::Webhook => (
+            "webhooks",
+            body.webhooks
+                .iter()
+                .map(|h| catalog::webhook_key(h.name.get_ref()))
+                .collect(),
+        ),
     };
     let pointer = match keys.iter().position(|k| *k == at) {
         Some(i) => format!("/{list}/{i}{}", invalid.pointer),
@@ -1056,6 +1116,16 @@ fn merge(current: &Channels, file: &Channels, prune: bool) -> (Channels, Vec<Val
         match next.sources.iter().position(|s| s.name() == source.name()) {
             Some(i) => next.sources[i] = source.clone(),
             None => next.sources.push(source.clone()),
+        }
+    }
+    for hook in &file.webhooks {
+        match next
+            .webhooks
+            .iter()
+            .position(|h| h.name.get_ref() == hook.name.get_ref())
+        {
+            Some(i) => next.webhooks[i] = hook.clone(),
+            None => next.webhooks.push(hook.clone()),
         }
     }
     for (key, json) in &wanted {
@@ -1248,18 +1318,122 @@ async fn cluster(State(state): State<Arc<IngressState>>) -> Response {
     .into_response()
 }
 
-/// `GET /api/v1/webhooks`: this replica's webhook sources (from its file; their secrets
-/// are never shown).
+/// `GET /api/v1/webhooks`: the catalog's webhook sources (every replica serves them) and
+/// this replica's own (from its file; shown without their settings, as their secrets may
+/// be literal), with whether this replica can serve each.
 async fn list_webhooks(State(state): State<Arc<IngressState>>) -> Response {
-    let items: Vec<Value> = state
-        .webhooks()
-        .list()
-        .into_iter()
-        .map(|(name, bus, preset)| {
-            json!({"path": format!("/webhooks/{name}"), "name": name, "bus": bus, "preset": preset})
-        })
-        .collect();
-    Json(json!({"items": items})).into_response()
+    let catalog = match catalog_of(&state) {
+        Ok(c) => c,
+        Err(p) => return p.into_response(),
+    };
+    let snapshot = match catalog.snapshot().await {
+        Ok(s) => s,
+        Err(e) => return store_problem(&e).into_response(),
+    };
+    let webhooks = state.webhooks();
+    let mut items: Vec<Value> = Vec::new();
+    for (name, bus, preset, origin) in webhooks.list() {
+        if origin == crate::webhooks::Origin::File {
+            items.push(json!({
+                "path": format!("/webhooks/{name}"),
+                "name": name,
+                "bus": bus,
+                "preset": preset,
+                "origin": "file",
+            }));
+        }
+    }
+    for hook in &snapshot.channels.webhooks {
+        let name = hook.name.get_ref();
+        if webhooks.in_file(name) {
+            continue;
+        }
+        let mut item = webhook_view(&snapshot, hook);
+        if let (Value::Object(map), Some(why)) = (&mut item, webhooks.unavailable().get(name)) {
+            map.insert("unavailable".to_string(), json!(why));
+        }
+        items.push(item);
+    }
+    items.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    Json(json!({"version": snapshot.version, "items": items})).into_response()
+}
+
+async fn get_webhook(State(state): State<Arc<IngressState>>, Path(name): Path<String>) -> Response {
+    let webhooks = state.webhooks();
+    get_one(&state, |s| {
+        s.channels
+            .webhooks
+            .iter()
+            .find(|h| *h.name.get_ref() == name)
+            .map(|h| {
+                let mut item = webhook_view(s, h);
+                if let (Value::Object(map), Some(why)) =
+                    (&mut item, webhooks.unavailable().get(&name))
+                {
+                    map.insert("unavailable".to_string(), json!(why));
+                }
+                (item, s.version_of(&catalog::webhook_key(&name)))
+            })
+            .ok_or_else(|| no_webhook(&name))
+    })
+    .await
+}
+
+/// `PUT /api/v1/webhooks/{name}`: creates or replaces a webhook source of the catalog.
+/// Refused when this replica's own file declares the name (it would serve the file's), or
+/// when a secret's environment variable is not set on this replica (most likely a typo;
+/// replicas without it answer that source's requests 503).
+async fn put_webhook(
+    State(state): State<Arc<IngressState>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let resource: WebhookConfig = match parse_resource(&body, &[("name", &name)]) {
+        Ok(r) => r,
+        Err(p) => return p.into_response(),
+    };
+    if state.webhooks().in_file(&name) {
+        return Problem::conflict(format!(
+            "this replica's configuration file declares webhook source `{name}`; rename one of them"
+        ))
+        .with_field("name")
+        .into_response();
+    }
+    // The settings first (they name the field), then whether this replica reads the secrets.
+    if let Err((pointer, message)) = crate::webhooks::check_catalog(&resource)
+        .and_then(|()| crate::webhooks::check_secrets_here(&resource))
+    {
+        return Problem::invalid_resource(&pointer, format!("webhook `{name}`: {message}"))
+            .into_response();
+    }
+    let is = |h: &WebhookConfig| *h.name.get_ref() == name;
+    let bus = resource.bus.clone();
+    let bus_exists = |s: &Snapshot| {
+        if s.channels.buses.iter().any(|b| *b.name.get_ref() == bus) {
+            Ok(())
+        } else {
+            Err(no_bus(&bus))
+        }
+    };
+    put_resource(
+        &state,
+        &headers,
+        webhook_addressed(&name),
+        resource,
+        is,
+        bus_exists,
+    )
+    .await
+}
+
+async fn delete_webhook(
+    State(state): State<Arc<IngressState>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let is = |h: &WebhookConfig| *h.name.get_ref() == name;
+    delete_resource(&state, &headers, webhook_addressed(&name), is, |_| Ok(())).await
 }
 
 // ---------------------------------------------------------------------------------------

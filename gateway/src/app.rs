@@ -257,7 +257,9 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
         crate::ingress::schema::load(&config.schemas, &config.base_dir)
             .map_err(StartError::Config)?,
     );
-    state.set_webhooks(Webhooks::build(&config.webhooks, dedup).map_err(StartError::Config)?);
+    state.set_webhooks(
+        Webhooks::build(&config.webhooks, &plan.webhooks, dedup).map_err(StartError::Config)?,
+    );
     let admin = crate::api::AdminAuth::from_config(
         &config.admin,
         config.cluster.strategy.name(),
@@ -533,6 +535,7 @@ fn build_plan(
         dedup,
         auth,
         rate_limits,
+        webhooks: channels.webhooks.clone(),
     })
 }
 

@@ -1,4 +1,4 @@
-//! The catalog: buses, rules and sources as versioned resources, the one source of truth
+//! The catalog: buses, rules, sources and webhook sources as versioned resources, the one source of truth
 //! of what the gateway runs.
 //!
 //! It lives in the cluster store (Redis in distributed mode, `catalog.json` in the data
@@ -185,6 +185,10 @@ pub fn source_key(name: &str) -> String {
     format!("source/{name}")
 }
 
+pub fn webhook_key(name: &str) -> String {
+    format!("webhook/{name}")
+}
+
 /// One version of the catalog, parsed.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
@@ -224,6 +228,9 @@ impl Snapshot {
         }
         for source in &channels.sources {
             all.insert(source_key(source.name()), json(source));
+        }
+        for hook in &channels.webhooks {
+            all.insert(webhook_key(hook.name.get_ref()), json(hook));
         }
         all
     }

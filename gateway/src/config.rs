@@ -400,7 +400,7 @@ fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>
     duration(d).map(Some)
 }
 
-fn ser_optional_duration<S: serde::Serializer>(
+pub(crate) fn ser_optional_duration<S: serde::Serializer>(
     d: &Option<Duration>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
@@ -924,6 +924,7 @@ pub enum Kind {
     Bus,
     Rule,
     Source,
+    Webhook,
 }
 
 /// A resource that does not pass the checks: which one (its kind and index among the
@@ -958,6 +959,11 @@ pub struct Channels {
     pub rules: Vec<RuleConfig>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sources: Vec<crate::sources::SourceConfig>,
+    /// Webhook sources kept in the catalog (admin API, `sluice ctl apply`), served by every
+    /// replica; their secrets are `env:` references each replica reads. (A configuration
+    /// file's own `[[webhooks]]` stay with the replica that reads it.)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub webhooks: Vec<crate::webhooks::WebhookConfig>,
 }
 
 impl Channels {
@@ -1089,6 +1095,26 @@ impl Channels {
                 ));
             }
             source.check().map_err(|m| bad("", m))?;
+        }
+        let mut webhooks = HashSet::new();
+        for (index, hook) in self.webhooks.iter().enumerate() {
+            let name = hook.name.get_ref();
+            let bad = |pointer: &str, message: String| {
+                Invalid::new(
+                    Kind::Webhook,
+                    index,
+                    pointer,
+                    format!("webhook `{name}`: {message}"),
+                )
+            };
+            check_name(name).map_err(|m| bad("/name", m))?;
+            if !webhooks.insert(name.as_str()) {
+                return Err(bad("/name", "is defined twice".to_string()));
+            }
+            if !buses.contains(hook.bus.as_str()) {
+                return Err(bad("/bus", format!("bus `{}` is not defined", hook.bus)));
+            }
+            crate::webhooks::check_catalog(hook).map_err(|(pointer, m)| bad(&pointer, m))?;
         }
         Ok(())
     }
@@ -1275,6 +1301,8 @@ impl Config {
                     line_of(text, span.unwrap_or_else(|| rule.name.span()).start)
                 }),
                 Kind::Source => Some(find_line(text, "[[sources]]")),
+                // The file's webhook sources are checked below, not as channels.
+                Kind::Webhook => None,
             };
             ConfigError::Invalid {
                 path: path.to_path_buf(),
@@ -1380,6 +1408,7 @@ impl Config {
             buses: self.buses.clone(),
             rules: self.rules.clone(),
             sources: self.sources.clone(),
+            webhooks: Vec::new(),
         }
     }
 

@@ -44,11 +44,12 @@ enum CtlCommand {
         dry_run: bool,
     },
     /// Show resources: `buses`, `bus NAME`, `rules BUS`, `rule BUS/NAME`, `sources`,
-    /// `source NAME`, `connectors`, `connector ID`, `cluster`, `catalog`.
+    /// `source NAME`, `webhooks`, `webhook NAME`, `connectors`, `connector ID`, `cluster`,
+    /// `catalog`.
     Get { kind: String, name: Option<String> },
     /// Like `get`, for one resource or connector, with its status.
     Describe { kind: String, name: String },
-    /// Delete `bus NAME`, `rule BUS/NAME` or `source NAME`.
+    /// Delete `bus NAME`, `rule BUS/NAME`, `source NAME` or `webhook NAME`.
     Delete { kind: String, name: String },
     /// Pause a connector (`bus/rule/target` or `source/name`), or one task of it.
     Pause {
@@ -165,8 +166,8 @@ fn read_json(what: &str, path: &Path) -> anyhow::Result<Value> {
         .with_context(|| format!("the {what} {} is not JSON", path.display()))
 }
 
-/// A file's buses, rules and sources as JSON. A full configuration file works too: its
-/// server settings are left out.
+/// A file's buses, rules, sources and webhook sources as JSON. A full configuration file
+/// works too: its server settings are left out.
 fn resources(path: &Path) -> anyhow::Result<Value> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -184,7 +185,7 @@ fn resources(path: &Path) -> anyhow::Result<Value> {
         serde_json::to_value(table)?
     };
     let mut out = serde_json::Map::new();
-    for key in ["buses", "rules", "sources"] {
+    for key in ["buses", "rules", "sources", "webhooks"] {
         if let Some(v) = all.get(key) {
             out.insert(key.to_string(), v.clone());
         }
@@ -204,12 +205,14 @@ fn resource_path(kind: &str, name: Option<&str>) -> anyhow::Result<String> {
         }
         "sources" => "/api/v1/sources".to_string(),
         "source" => format!("/api/v1/sources/{}", need()?),
+        "webhooks" => "/api/v1/webhooks".to_string(),
+        "webhook" => format!("/api/v1/webhooks/{}", need()?),
         "connectors" => "/api/v1/connectors".to_string(),
         "connector" => format!("/api/v1/connectors/{}", need()?),
         "cluster" => "/api/v1/cluster".to_string(),
         "catalog" => "/api/v1/catalog".to_string(),
         other => bail!(
-            "unknown kind `{other}` (buses, bus, rules, rule, sources, source, connectors, connector, cluster, catalog)"
+            "unknown kind `{other}` (buses, bus, rules, rule, sources, source, webhooks, webhook, connectors, connector, cluster, catalog)"
         ),
     })
 }
@@ -290,8 +293,8 @@ async fn run_async(ctl: Ctl) -> anyhow::Result<()> {
             }
         }
         CtlCommand::Delete { kind, name } => {
-            if !matches!(kind.as_str(), "bus" | "rule" | "source") {
-                bail!("delete takes `bus NAME`, `rule BUS/NAME` or `source NAME`");
+            if !matches!(kind.as_str(), "bus" | "rule" | "source" | "webhook") {
+                bail!("delete takes `bus NAME`, `rule BUS/NAME`, `source NAME` or `webhook NAME`");
             }
             client
                 .call(Method::DELETE, &resource_path(&kind, Some(&name))?, None)

@@ -26,7 +26,7 @@ use tower::ServiceBuilder;
 use crate::config::Limits;
 use crate::problem::Problem;
 use crate::runtime::cluster::Cluster;
-use crate::store::{BusLog, ShardAppend, StoreError};
+use crate::store::{BusLog, ShardAppend, StoreError, Unique};
 use cloudevent::{ContentMode, ErrorKind, EventError};
 
 pub struct IngressState {
@@ -97,6 +97,16 @@ impl IngressState {
         self.set_bus_dedup(plan.dedup.clone());
         self.set_bus_auth(plan.auth.clone());
         self.set_bus_rate_limits(plan.rate_limits.clone());
+        // The catalog's webhook sources, rebuilt only when they changed.
+        let same = |a: &[crate::webhooks::WebhookConfig], b: &[crate::webhooks::WebhookConfig]| {
+            serde_json::to_value(a).ok() == serde_json::to_value(b).ok()
+        };
+        if !self
+            .plan()
+            .is_some_and(|p| same(&p.webhooks, &plan.webhooks))
+        {
+            self.set_webhooks(self.webhooks().with_catalog(&plan.webhooks));
+        }
         *self.plan.write().unwrap_or_else(|p| p.into_inner()) = Some(plan.clone());
     }
 
@@ -567,33 +577,130 @@ async fn handle_events(state: Arc<IngressState>, bus: String, request: Request) 
         let stored = store(log.as_ref(), &entries).await;
         return respond(mode, entries, stored, &[]);
     };
-    // Reserve each key, store what is not a duplicate, then keep (or drop) the records.
     let dedup = state.webhooks().dedup();
+    match store_unique(log.as_ref(), dedup.as_ref(), &entries, &keys, window).await {
+        Ok((stored, duplicates)) => respond(mode, entries, stored, &duplicates),
+        Err(e) => store_problem(&e).into_response(),
+    }
+}
+
+/// The store result of each entry (`None`: not stored, it is an error or a duplicate).
+pub(crate) type Stored = Vec<Option<Result<(), StoreError>>>;
+
+/// Stores the entries of a request to a deduplicating bus or webhook source: an entry with
+/// a key is stored at most once per key within `window` (`true` in the second vector when
+/// it was a duplicate, answered as accepted but not stored again), and its key is recorded
+/// only once it is stored, so that a failed store never turns the producer's retry into a
+/// "duplicate". Where the log can record keys with its records in one atomic step (Redis:
+/// one round trip per shard) it does; otherwise each key is reserved through `dedup`,
+/// the event stored, and the key confirmed (or released when the store failed). A key
+/// held by another request still deciding is answered as busy (retry shortly). `Err` when
+/// the dedup store could not be asked (nothing was stored).
+pub(crate) async fn store_unique(
+    log: &dyn BusLog,
+    dedup: &dyn crate::webhooks::dedup::Dedup,
+    entries: &[Entry],
+    keys: &[Option<String>],
+    window: Duration,
+) -> Result<(Stored, Vec<bool>), StoreError> {
     let mut duplicates = vec![false; entries.len()];
+    let mut seen = std::collections::HashSet::new();
+    // The entries stored under a key, per shard, in request order; the others plainly.
+    let mut unique: Vec<(u32, Vec<usize>)> = Vec::new();
+    let mut plain: Vec<Entry> = vec![Err(EventError::invalid("id", "not stored")); entries.len()];
+    for (i, entry) in entries.iter().enumerate() {
+        let Ok((_, _, shard)) = entry else { continue };
+        match keys.get(i).and_then(Option::as_deref) {
+            // The same event twice in one request: the first is stored, the others are
+            // duplicates.
+            Some(key) if !seen.insert(key) => duplicates[i] = true,
+            Some(_) => match unique.iter_mut().find(|(s, _)| s == shard) {
+                Some((_, list)) => list.push(i),
+                None => unique.push((*shard, vec![i])),
+            },
+            None => plain[i] = entry.clone(),
+        }
+    }
+    let mut stored: Stored = vec![None; entries.len()];
+    let mut atomic = true;
+    for (shard, list) in &unique {
+        let records: Vec<(Bytes, &str)> = list
+            .iter()
+            .filter_map(|i| {
+                let (_, bytes, _) = entries[*i].as_ref().ok()?;
+                Some((bytes.clone(), keys[*i].as_deref()?))
+            })
+            .collect();
+        match log.append_unique(*shard, &records, window).await {
+            None => {
+                atomic = false;
+                break;
+            }
+            Some(Ok(results)) => {
+                for (i, result) in list.iter().zip(results) {
+                    match result {
+                        Unique::Stored(_) => stored[*i] = Some(Ok(())),
+                        Unique::Duplicate => duplicates[*i] = true,
+                        Unique::Busy => stored[*i] = Some(Err(busy_key())),
+                    }
+                }
+            }
+            Some(Err(e)) => {
+                for i in list {
+                    stored[*i] = Some(Err(e.clone()));
+                }
+            }
+        }
+    }
+    if !atomic {
+        for (_, list) in &unique {
+            for i in list {
+                plain[*i] = entries[*i].clone();
+            }
+        }
+        return reserve_and_store(log, dedup, &plain, keys, window, duplicates).await;
+    }
+    for (i, result) in store(log, &plain).await.into_iter().enumerate() {
+        if result.is_some() {
+            stored[i] = result;
+        }
+    }
+    Ok((stored, duplicates))
+}
+
+fn busy_key() -> StoreError {
+    StoreError::Busy(
+        "an event with this id is being stored by another request; retry shortly".to_string(),
+    )
+}
+
+/// `store_unique` for a log without atomic dedup: reserve each key, store what is not a
+/// duplicate, then keep (or drop) the records.
+async fn reserve_and_store(
+    log: &dyn BusLog,
+    dedup: &dyn crate::webhooks::dedup::Dedup,
+    entries: &[Entry],
+    keys: &[Option<String>],
+    window: Duration,
+    mut duplicates: Vec<bool>,
+) -> Result<(Stored, Vec<bool>), StoreError> {
+    use crate::webhooks::dedup::Reserve;
     // Held by another request still undecided: not stored now, retried by the producer.
     let mut busy = vec![false; entries.len()];
-    let mut tokens: Vec<Option<(String, String)>> = vec![None; entries.len()];
-    let mut seen = std::collections::HashSet::new();
-    for (i, key) in keys.iter().enumerate() {
-        let (Some(key), Ok(_)) = (key, &entries[i]) else {
+    let mut tokens: Vec<Option<(&str, String)>> = vec![None; entries.len()];
+    for (i, entry) in entries.iter().enumerate() {
+        let (Some(key), Ok(_)) = (keys.get(i).and_then(Option::as_deref), entry) else {
             continue;
         };
-        // The same event twice in one batch: the first is stored, the others are duplicates.
-        if !seen.insert(key.as_str()) {
-            duplicates[i] = true;
-            continue;
-        }
-        match crate::webhooks::reserve(dedup.as_ref(), key).await {
-            Ok(crate::webhooks::dedup::Reserve::Taken(token)) => {
-                tokens[i] = Some((key.clone(), token));
-            }
-            Ok(crate::webhooks::dedup::Reserve::Duplicate) => duplicates[i] = true,
-            Ok(crate::webhooks::dedup::Reserve::InFlight) => busy[i] = true,
+        match crate::webhooks::reserve(dedup, key).await {
+            Ok(Reserve::Taken(token)) => tokens[i] = Some((key, token)),
+            Ok(Reserve::Duplicate) => duplicates[i] = true,
+            Ok(Reserve::InFlight) => busy[i] = true,
             Err(e) => {
                 for (key, token) in tokens.iter().flatten() {
                     let _ = dedup.release(key, token).await;
                 }
-                return store_problem(&e).into_response();
+                return Err(e);
             }
         }
     }
@@ -605,13 +712,10 @@ async fn handle_events(state: Arc<IngressState>, bus: String, request: Request) 
             _ => e.clone(),
         })
         .collect();
-    let mut stored = store(log.as_ref(), &to_store).await;
+    let mut stored = store(log, &to_store).await;
     for (i, held) in busy.iter().enumerate() {
         if *held {
-            stored[i] = Some(Err(StoreError::Busy(
-                "an event with this source and id is being stored by another request; retry shortly"
-                    .to_string(),
-            )));
+            stored[i] = Some(Err(busy_key()));
         }
     }
     for (i, token) in tokens.iter().enumerate() {
@@ -622,10 +726,10 @@ async fn handle_events(state: Arc<IngressState>, bus: String, request: Request) 
             dedup.release(key, token).await
         };
         if let Err(e) = result {
-            tracing::warn!(bus = %bus, error = %e, "cannot record an event's dedup key");
+            tracing::warn!(key = %key, error = %e, "cannot record a dedup key");
         }
     }
-    respond(mode, entries, stored, &duplicates)
+    Ok((stored, duplicates))
 }
 
 /// A parsed event made ready for the store: size and read-back checked, its shard chosen.

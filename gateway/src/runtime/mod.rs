@@ -178,6 +178,8 @@ pub struct Plan {
     pub auth: HashMap<String, Arc<crate::ingress::auth::KeySet>>,
     /// The rate limit of each bus that has one (`rate_limit`).
     pub rate_limits: HashMap<String, crate::ingress::ratelimit::RateLimitConfig>,
+    /// The catalog's webhook sources (ingress serves them with the file's own).
+    pub webhooks: Vec<crate::webhooks::WebhookConfig>,
 }
 
 /// What a task does: run one shard of a bus, or one part of a source.

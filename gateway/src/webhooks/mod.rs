@@ -6,6 +6,7 @@
 
 pub mod dedup;
 pub mod presets;
+mod probe;
 pub mod verify;
 
 use std::collections::{BTreeMap, HashMap};
@@ -17,7 +18,7 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode}
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use toml::Spanned;
 
@@ -25,6 +26,7 @@ use crate::ingress::IngressState;
 use crate::problem::Problem;
 use dedup::{Dedup, MemoryDedup, Reserve};
 use presets::{Mapping, Src};
+use probe::Step;
 use verify::{Algorithm, Encoding, Scheme, Secret, Signed, TimeFormat, TimestampSpec};
 
 /// The default replay window of a delivery id.
@@ -36,90 +38,100 @@ pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 // Configuration
 
 /// `[[webhooks]]`: one webhook source.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
     pub name: Spanned<String>,
     pub bus: String,
     pub verify: VerifyConfig,
     /// Where the event's `type` comes from (default: the preset's event name).
-    #[serde(default, rename = "type")]
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
     pub kind: Option<TypeConfig>,
     /// Where the delivery id comes from (default: the preset's).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<ValueConfig>,
     /// The event's `source` (default `/webhooks/{name}`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
     /// Extension name → request header kept as that extension.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extensions: BTreeMap<String, String>,
     /// How long a delivery id is remembered (`0s`: no deduplication).
-    #[serde(default, deserialize_with = "optional_duration")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_duration",
+        serialize_with = "crate::config::ser_optional_duration"
+    )]
     pub dedup_window: Option<Duration>,
     /// The public URL providers call (signed by twilio, square, hubspot).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
     /// Origins the `OPTIONS` handshake allows (empty: any).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_origins: Vec<String>,
     /// Requests per minute announced in `WebHook-Allowed-Rate`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_rate: Option<u32>,
     /// Verified requests per second this source takes (token bucket, shared by the
     /// cluster); more are answered `429` with `Retry-After`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<crate::ingress::ratelimit::RateLimitConfig>,
 }
 
 /// `verify = { preset = "...", secret = "..." }`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct VerifyConfig {
     pub preset: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
-    #[serde(default, deserialize_with = "optional_duration")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_duration",
+        serialize_with = "crate::config::ser_optional_duration"
+    )]
     pub tolerance: Option<Duration>,
     // `hmac` and `api-key`:
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub header: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub algorithm: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoding: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signed: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp_header: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp_format: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TypeConfig {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub header: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jsonpath: Option<String>,
     /// A fixed type.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ValueConfig {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub header: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jsonpath: Option<String>,
 }
 
@@ -137,13 +149,9 @@ enum Pick {
     Json(Vec<Step>),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Step {
-    Key(String),
-    Index(usize),
-}
-
-/// Parses `$.a.b[0].c` (or `a.b`): names and indexes only.
+/// Parses `$.a.b[0].c` (or `a.b`): names and indexes only, which is what the one-pass
+/// field reader (`probe`) can follow without building the document (a JSONPath engine such
+/// as `jsonpath-rust` needs the whole tree first).
 fn parse_path(text: &str) -> Result<Vec<Step>, String> {
     let rest = text.strip_prefix('$').unwrap_or(text);
     let rest = rest.strip_prefix('.').unwrap_or(rest);
@@ -176,13 +184,6 @@ fn parse_path(text: &str) -> Result<Vec<Step>, String> {
     Ok(steps)
 }
 
-fn walk<'a>(value: &'a Value, steps: &[Step]) -> Option<&'a Value> {
-    steps.iter().try_fold(value, |v, step| match step {
-        Step::Key(k) => v.get(k),
-        Step::Index(i) => v.get(i),
-    })
-}
-
 /// A scalar as text (objects, arrays and null are not values here).
 fn scalar(value: &Value) -> Option<String> {
     match value {
@@ -195,7 +196,8 @@ fn scalar(value: &Value) -> Option<String> {
 
 struct Inputs<'a> {
     headers: &'a HeaderMap,
-    json: Option<&'a Value>,
+    /// The body's fields this source reads (`Webhook::paths`).
+    json: &'a probe::Fields<'a>,
 }
 
 impl Inputs<'_> {
@@ -211,17 +213,14 @@ impl Inputs<'_> {
     fn src(&self, src: Src) -> Option<String> {
         match src {
             Src::Header(h) => self.header(h),
-            Src::Json(path) => {
-                let steps: Vec<Step> = path.split('.').map(|k| Step::Key(k.to_string())).collect();
-                self.json.and_then(|j| walk(j, &steps)).and_then(scalar)
-            }
+            Src::Json(path) => self.json.get_dotted(path).and_then(scalar),
         }
     }
 
     fn pick(&self, pick: &Pick) -> Option<String> {
         match pick {
             Pick::Header(h) => self.header(h),
-            Pick::Json(steps) => self.json.and_then(|j| walk(j, steps)).and_then(scalar),
+            Pick::Json(steps) => self.json.get(steps).and_then(scalar),
         }
     }
 }
@@ -246,6 +245,18 @@ pub struct Webhook {
     allowed_origins: Vec<String>,
     allowed_rate: Option<u32>,
     rate_limit: Option<crate::ingress::ratelimit::RateLimitConfig>,
+    /// Every field of the JSON body this source reads (ids, names, times, handshakes).
+    paths: probe::Paths,
+}
+
+/// The body fields a preset's handshake reads (`provider_handshake`).
+fn handshake_fields(preset: &str) -> &'static [&'static str] {
+    match preset {
+        "slack" => &["type", "challenge"],
+        "zoom" => &["event", "payload.plainToken"],
+        "twitch" => &["challenge"],
+        _ => &[],
+    }
 }
 
 fn resolve(value: &str) -> Result<String, String> {
@@ -298,8 +309,24 @@ const RESERVED: &[&str] = &[
 impl Webhook {
     /// Checks a source's settings and resolves its `env:` secrets. Errors name the key.
     pub fn build(config: &WebhookConfig) -> Result<Webhook, String> {
+        Webhook::build_with(config, &resolve)
+    }
+
+    /// `build` with the secrets read by `resolve`.
+    fn build_with(
+        config: &WebhookConfig,
+        resolve: &dyn Fn(&str) -> Result<String, String>,
+    ) -> Result<Webhook, String> {
         let v = &config.verify;
         let preset = v.preset.as_str();
+        if !matches!(preset, "none" | "basic" | "api-key" | "hmac")
+            && presets::scheme(preset).is_none()
+        {
+            return Err(format!(
+                "verify.preset: unknown preset `{preset}` (one of {}, hmac, basic, api-key, none)",
+                presets::NAMES.join(", ")
+            ));
+        }
         let generic = matches!(preset, "hmac" | "api-key");
         if !generic {
             for (key, set) in [
@@ -440,11 +467,36 @@ impl Webhook {
                 return Err(format!("allowed_origins: `{origin}` is not a valid origin"));
             }
         }
+        let mapping = presets::mapping(preset);
+        let mut paths = probe::Paths::default();
+        let dotted = mapping
+            .id
+            .iter()
+            .chain(
+                mapping
+                    .kind
+                    .iter()
+                    .flat_map(|(a, b)| std::iter::once(a).chain(b)),
+            )
+            .chain(mapping.time.iter().map(|(src, _)| src))
+            .filter_map(|src| match src {
+                Src::Json(path) => Some(*path),
+                Src::Header(_) => None,
+            });
+        for path in dotted.chain(handshake_fields(preset).iter().copied()) {
+            paths.add_dotted(path);
+        }
+        for p in [&id, &kind].into_iter().flatten() {
+            if let Pick::Json(steps) = p {
+                paths.add(steps);
+            }
+        }
         Ok(Webhook {
             name: config.name.get_ref().clone(),
             bus: config.bus.clone(),
             preset: preset.to_string(),
-            mapping: presets::mapping(preset),
+            mapping,
+            paths,
             scheme,
             secrets,
             tolerance: i64::try_from(tolerance.as_secs()).unwrap_or(i64::MAX),
@@ -559,36 +611,72 @@ fn generic_hmac(v: &VerifyConfig) -> Result<Scheme, String> {
     })
 }
 
-/// Every webhook source of the running configuration, and the dedup store they share.
+/// Where a webhook source is declared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The replica's own configuration file (its secrets may be literal; other replicas
+    /// do not know it).
+    File,
+    /// The catalog (admin API, `sluice ctl apply`): every replica serves it.
+    Catalog,
+}
+
+impl Origin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::File => "file",
+            Origin::Catalog => "catalog",
+        }
+    }
+}
+
+/// Every webhook source this replica serves, and the dedup store they share.
 pub struct Webhooks {
-    by_name: HashMap<String, Arc<Webhook>>,
+    by_name: HashMap<String, (Arc<Webhook>, Origin)>,
+    /// Catalog sources this replica cannot serve (a secret's environment variable is not
+    /// set here), with why: their requests are answered 503.
+    unavailable: HashMap<String, String>,
     dedup: Arc<dyn Dedup>,
+    /// The file's sources as configured (kept to merge with each catalog version).
+    file: Arc<[WebhookConfig]>,
 }
 
 impl Webhooks {
     pub fn empty() -> Webhooks {
         Webhooks {
             by_name: HashMap::new(),
+            unavailable: HashMap::new(),
             dedup: Arc::new(MemoryDedup::default()),
+            file: Arc::from(Vec::new()),
         }
     }
 
-    /// Each webhook source's (name, bus, preset), sorted by name.
-    pub fn list(&self) -> Vec<(String, String, String)> {
+    /// Each webhook source's (name, bus, preset, origin), sorted by name.
+    pub fn list(&self) -> Vec<(String, String, String, Origin)> {
         let mut all: Vec<_> = self
             .by_name
             .values()
-            .map(|h| (h.name.clone(), h.bus.clone(), h.preset.clone()))
+            .map(|(h, origin)| (h.name.clone(), h.bus.clone(), h.preset.clone(), *origin))
             .collect();
-        all.sort();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
         all
     }
 
-    /// Each webhook source's (name, bus).
-    pub fn buses(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.by_name
-            .values()
-            .map(|h| (h.name.as_str(), h.bus.as_str()))
+    /// The catalog sources this replica cannot serve, and why.
+    pub fn unavailable(&self) -> &HashMap<String, String> {
+        &self.unavailable
+    }
+
+    /// Whether the replica's own file declares a source of this name.
+    pub fn in_file(&self, name: &str) -> bool {
+        self.file.iter().any(|c| c.name.get_ref() == name)
+    }
+
+    /// The bus of each source of this replica's file, by name.
+    pub fn file_buses(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.file
+            .iter()
+            .map(|c| (c.name.get_ref().as_str(), c.bus.as_str()))
     }
 
     /// The dedup store (shared with buses that deduplicate CloudEvents).
@@ -596,15 +684,153 @@ impl Webhooks {
         self.dedup.clone()
     }
 
-    pub fn build(configs: &[WebhookConfig], dedup: Arc<dyn Dedup>) -> Result<Webhooks, String> {
+    /// The file's sources (each must build: an error stops the start) and the catalog's
+    /// (one that cannot build here is left unavailable and logged; a name the file also
+    /// declares is served as the file says).
+    pub fn build(
+        file: &[WebhookConfig],
+        catalog: &[WebhookConfig],
+        dedup: Arc<dyn Dedup>,
+    ) -> Result<Webhooks, String> {
         let mut by_name = HashMap::new();
-        for config in configs {
+        for config in file {
             let hook = Webhook::build(config)
                 .map_err(|m| format!("webhook `{}`: {m}", config.name.get_ref()))?;
-            by_name.insert(hook.name.clone(), Arc::new(hook));
+            by_name.insert(hook.name.clone(), (Arc::new(hook), Origin::File));
         }
-        Ok(Webhooks { by_name, dedup })
+        let mut unavailable = HashMap::new();
+        for config in catalog {
+            let name = config.name.get_ref();
+            if by_name.contains_key(name) {
+                tracing::warn!(webhook = %name, "the catalog and this replica's file both declare this webhook source; this replica serves the file's");
+                continue;
+            }
+            match Webhook::build(config) {
+                Ok(hook) => {
+                    by_name.insert(name.clone(), (Arc::new(hook), Origin::Catalog));
+                }
+                Err(m) => {
+                    tracing::error!(webhook = %name, "cannot serve this webhook source of the catalog on this replica: {m}");
+                    unavailable.insert(name.clone(), m);
+                }
+            }
+        }
+        Ok(Webhooks {
+            by_name,
+            unavailable,
+            dedup,
+            file: Arc::from(file.to_vec()),
+        })
     }
+
+    /// The same file sources and dedup store with another catalog version's sources.
+    pub fn with_catalog(&self, catalog: &[WebhookConfig]) -> Webhooks {
+        match Webhooks::build(&self.file, catalog, self.dedup.clone()) {
+            Ok(hooks) => hooks,
+            // The file's sources built when the replica started; they still do unless an
+            // environment variable went away, which cannot happen to a running process.
+            Err(m) => {
+                tracing::error!("cannot rebuild the webhook sources: {m}");
+                Webhooks {
+                    by_name: self.by_name.clone(),
+                    unavailable: self.unavailable.clone(),
+                    dedup: self.dedup.clone(),
+                    file: self.file.clone(),
+                }
+            }
+        }
+    }
+}
+
+/// A value the static check (`check_catalog`) takes for an `env:` secret: valid for every
+/// preset (a Standard Webhooks key is base64 after `whsec_`).
+const PLACEHOLDER_SECRET: &str = "whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+
+/// The top-level fields of a source: a build error that starts with one is about it.
+const FIELDS: &[&str] = &[
+    "name",
+    "bus",
+    "verify",
+    "type",
+    "id",
+    "source",
+    "extensions",
+    "dedup_window",
+    "url",
+    "allowed_origins",
+    "allowed_rate",
+    "rate_limit",
+];
+
+/// The JSON pointer a build error is about (`verify.secrets[1]: ...` → `/verify/secrets/1`),
+/// or empty when it does not start with a field.
+fn pointer_of(message: &str) -> String {
+    let head = message
+        .split([':', ' '])
+        .next()
+        .unwrap_or_default()
+        .trim_end_matches(',');
+    let top = head.split(['.', '[']).next().unwrap_or_default();
+    if !FIELDS.contains(&top) {
+        return String::new();
+    }
+    let mut pointer = String::new();
+    for part in head.split('.') {
+        let (name, index) = match part.split_once('[') {
+            Some((name, rest)) => (name, rest.strip_suffix(']')),
+            None => (part, None),
+        };
+        pointer.push('/');
+        pointer.push_str(name);
+        if let Some(i) = index {
+            pointer.push('/');
+            pointer.push_str(i);
+        }
+    }
+    pointer
+}
+
+/// Checks a webhook source kept in the catalog, without reading its secrets: every secret
+/// must be an `env:NAME` reference (the catalog, shared through the cluster store, never
+/// holds a secret; each replica reads the variable from its own environment), and every
+/// other setting must be valid. `Err((JSON pointer inside the source, message))`.
+pub fn check_catalog(config: &WebhookConfig) -> Result<(), (String, String)> {
+    let v = &config.verify;
+    let secrets = v
+        .secret
+        .iter()
+        .map(|s| ("/verify/secret".to_string(), s))
+        .chain(
+            v.secrets
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (format!("/verify/secrets/{i}"), s)),
+        );
+    for (pointer, secret) in secrets {
+        match secret.strip_prefix("env:") {
+            Some(var) if !var.is_empty() => {}
+            _ => {
+                return Err((
+                    pointer,
+                    "a webhook source in the catalog takes its secrets as `env:NAME` references, read by each replica from its environment (the catalog is shared and never holds a secret); literal secrets belong in a replica's own configuration file".to_string(),
+                ))
+            }
+        }
+    }
+    if let Some(limit) = &config.rate_limit {
+        limit.check().map_err(|m| ("/rate_limit".to_string(), m))?;
+    }
+    Webhook::build_with(config, &|_| Ok(PLACEHOLDER_SECRET.to_string()))
+        .map(|_| ())
+        .map_err(|m| (pointer_of(&m), m))
+}
+
+/// Checks that this replica can read every secret of a catalog source (the admin API asks
+/// before storing one, so a mistyped variable is caught where it is made).
+pub fn check_secrets_here(config: &WebhookConfig) -> Result<(), (String, String)> {
+    Webhook::build(config)
+        .map(|_| ())
+        .map_err(|m| (pointer_of(&m), m))
 }
 
 /// Checks the `[[webhooks]]` of a configuration: unique valid names, existing buses, and
@@ -697,7 +923,7 @@ async fn webhook_options(
     headers: HeaderMap,
 ) -> Response {
     let webhooks = state.webhooks();
-    let Some(hook) = webhooks.by_name.get(&name) else {
+    let Some((hook, _)) = webhooks.by_name.get(&name) else {
         return unknown_webhook(&name).into_response();
     };
     handshake(&headers, &hook.allowed_origins, hook.allowed_rate)
@@ -731,7 +957,15 @@ async fn receive(
     request: Request,
 ) -> Response {
     let webhooks = state.webhooks();
-    let Some(hook) = webhooks.by_name.get(&name).cloned() else {
+    let Some(hook) = webhooks.by_name.get(&name).map(|(h, _)| h.clone()) else {
+        if let Some(why) = webhooks.unavailable.get(&name) {
+            return Problem::unavailable(
+                format!("webhook source `{name}` cannot verify requests on this replica: {why}"),
+                30,
+            )
+            .with_field("verify")
+            .into_response();
+        }
         return unknown_webhook(&name).into_response();
     };
     let Some(log) = state.buses().get(&hook.bus).cloned() else {
@@ -793,21 +1027,22 @@ async fn receive(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let json: Option<Value> = if content_type
+    let json = content_type
         .as_deref()
         .map(crate::ingress::cloudevent::essence)
-        .is_none_or(|e| crate::ingress::cloudevent::is_json(&e))
-    {
-        serde_json::from_slice(&body).ok()
+        .is_none_or(|e| crate::ingress::cloudevent::is_json(&e));
+    // Only the fields this source reads, without building the document.
+    let fields = if json {
+        hook.paths.read(&body)
     } else {
-        None
+        hook.paths.nothing()
     };
-    if let Some(answer) = provider_handshake(&hook, &signed, json.as_ref()) {
+    if let Some(answer) = provider_handshake(&hook, &signed, &fields) {
         return answer;
     }
     let inputs = Inputs {
         headers: &parts.headers,
-        json: json.as_ref(),
+        json: &fields,
     };
     let (provider_id, kind, time) = hook.attributes(&inputs);
     let id = provider_id.clone().unwrap_or_else(generated_id);
@@ -860,59 +1095,41 @@ async fn receive(
     let key = provider_id
         .filter(|_| !hook.dedup_window.is_zero())
         .map(|id| format!("{}:{id}", hook.name));
-    let token = match &key {
-        None => None,
-        Some(key) => match reserve(webhooks.dedup.as_ref(), key).await {
-            Ok(Reserve::Taken(token)) => Some(token),
-            Ok(Reserve::Duplicate) => {
-                return (
-                    StatusCode::OK,
-                    Json(json!({"id": id, "status": "duplicate"})),
-                )
-                    .into_response()
-            }
-            Ok(Reserve::InFlight) => {
-                return Problem::unavailable(
-                    "the same delivery is being stored by another request; retry shortly",
-                    1,
-                )
-                .with_field("id")
-                .into_response()
-            }
+    let entries = [entry];
+    let (stored, duplicate) = match key {
+        None => (crate::ingress::store(log.as_ref(), &entries).await, false),
+        Some(key) => match crate::ingress::store_unique(
+            log.as_ref(),
+            webhooks.dedup.as_ref(),
+            &entries,
+            &[Some(key)],
+            hook.dedup_window,
+        )
+        .await
+        {
+            Ok((stored, duplicates)) => (stored, duplicates.first() == Some(&true)),
             Err(e) => return crate::ingress::store_problem(&e).into_response(),
         },
     };
-    let stored = crate::ingress::store(log.as_ref(), std::slice::from_ref(&entry)).await;
-    let result = stored.into_iter().next().flatten();
-    match (result, key, token) {
-        (Some(Ok(())), key, token) => {
-            if let (Some(key), Some(token)) = (key, token) {
-                if let Err(e) = webhooks
-                    .dedup
-                    .confirm(&key, &token, hook.dedup_window)
-                    .await
-                {
-                    // Stored: the provider must hear so. A retry of it may be stored again.
-                    tracing::warn!(webhook = %hook.name, error = %e, "cannot record the delivery id");
-                }
-            }
-            (
-                StatusCode::ACCEPTED,
-                Json(json!({"id": id, "status": "accepted"})),
-            )
-                .into_response()
-        }
-        (failed, key, token) => {
-            if let (Some(key), Some(token)) = (key, token) {
-                if let Err(e) = webhooks.dedup.release(&key, &token).await {
-                    tracing::warn!(webhook = %hook.name, error = %e, "cannot release the delivery id");
-                }
-            }
-            match failed {
-                Some(Err(e)) => crate::ingress::store_problem(&e).into_response(),
-                _ => Problem::internal("the event was not stored").into_response(),
-            }
-        }
+    if duplicate {
+        return (
+            StatusCode::OK,
+            Json(json!({"id": id, "status": "duplicate"})),
+        )
+            .into_response();
+    }
+    match stored.into_iter().next().flatten() {
+        Some(Ok(())) => (
+            StatusCode::ACCEPTED,
+            Json(json!({"id": id, "status": "accepted"})),
+        )
+            .into_response(),
+        // The same delivery is being stored by another request: its retry gets the answer.
+        Some(Err(e @ crate::store::StoreError::Busy(_))) => crate::ingress::store_problem(&e)
+            .with_field("id")
+            .into_response(),
+        Some(Err(e)) => crate::ingress::store_problem(&e).into_response(),
+        None => Problem::internal("the event was not stored").into_response(),
     }
 }
 
@@ -938,19 +1155,17 @@ pub(crate) async fn reserve(
 fn provider_handshake(
     hook: &Webhook,
     request: &Signed<'_>,
-    json: Option<&Value>,
+    json: &probe::Fields<'_>,
 ) -> Option<Response> {
-    let json = json?;
     let headers = request.headers;
+    let text = |path: &str| json.get_dotted(path).and_then(Value::as_str);
     match hook.preset.as_str() {
-        "slack" if json.get("type").and_then(Value::as_str) == Some("url_verification") => {
-            let challenge = json.get("challenge").and_then(Value::as_str)?;
+        "slack" if text("type") == Some("url_verification") => {
+            let challenge = text("challenge")?;
             Some((StatusCode::OK, Json(json!({"challenge": challenge}))).into_response())
         }
-        "zoom" if json.get("event").and_then(Value::as_str) == Some("endpoint.url_validation") => {
-            let plain = json
-                .pointer("/payload/plainToken")
-                .and_then(Value::as_str)?;
+        "zoom" if text("event") == Some("endpoint.url_validation") => {
+            let plain = text("payload.plainToken")?;
             // The secret that signed this request (with several configured, in rotation).
             let secret = hook.secrets.iter().find(|s| {
                 hook.scheme
@@ -975,7 +1190,7 @@ fn provider_handshake(
                 .get("twitch-eventsub-message-type")
                 .is_some_and(|v| v == "webhook_callback_verification") =>
         {
-            let challenge = json.get("challenge").and_then(Value::as_str)?;
+            let challenge = text("challenge")?;
             let mut r = (StatusCode::OK, challenge.to_string()).into_response();
             r.headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
@@ -1003,11 +1218,11 @@ mod tests {
         );
         assert!(parse_path("$.a..b").is_err());
         assert!(parse_path("$.a[x]").is_err());
-        let v = json!({"a": {"b": [0, 1, {"c": "x"}]}});
-        assert_eq!(
-            walk(&v, &parse_path("a.b[2].c").unwrap()),
-            Some(&json!("x"))
-        );
+        let mut paths = probe::Paths::default();
+        let path = parse_path("a.b[2].c").unwrap();
+        paths.add(&path);
+        let body = json!({"a": {"b": [0, 1, {"c": "x"}]}}).to_string();
+        assert_eq!(paths.read(body.as_bytes()).get(&path), Some(&json!("x")));
     }
 
     fn config(text: &str) -> Result<Webhook, String> {
@@ -1049,6 +1264,83 @@ mod tests {
     }
 
     #[test]
+    fn catalog_sources_take_env_secrets_and_errors_point_at_the_field() {
+        let parse = |text: &str| -> WebhookConfig { toml::from_str(text).unwrap() };
+        let base = "name = \"h\"\nbus = \"b\"\n";
+        let check = |verify: &str| {
+            check_catalog(&parse(&format!("{base}verify = {{ {verify} }}\n")))
+                .map_err(|(pointer, _)| pointer)
+        };
+        // No variable needs to be set for the static check, whatever the preset.
+        for preset in ["standard-webhooks", "github", "stripe", "basic", "api-key"] {
+            assert_eq!(
+                check(&format!(
+                    "preset = \"{preset}\", secret = \"env:SLUICE_TEST_UNSET_VARIABLE\""
+                )),
+                Ok(())
+            );
+        }
+        assert_eq!(check("preset = \"none\""), Ok(()));
+        assert_eq!(
+            check("preset = \"github\", secret = \"literal\""),
+            Err("/verify/secret".to_string())
+        );
+        assert_eq!(
+            check("preset = \"github\", secrets = [\"env:A\", \"literal\"]"),
+            Err("/verify/secrets/1".to_string())
+        );
+        assert_eq!(
+            check("preset = \"nope\", secret = \"env:A\", header = \"x\""),
+            Err("/verify/preset".to_string())
+        );
+        assert_eq!(
+            check("preset = \"github\", secret = \"env:A\", tolerance = \"1m\""),
+            Err("/verify/tolerance".to_string())
+        );
+        assert_eq!(
+            check_catalog(&parse(&format!(
+                "{base}verify = {{ preset = \"twilio\", secret = \"env:A\" }}\n"
+            )))
+            .map_err(|(p, _)| p),
+            Err("/url".to_string())
+        );
+        // Reading the secrets here names the variable that is missing.
+        let missing = check_secrets_here(&parse(&format!(
+            "{base}verify = {{ preset = \"github\", secret = \"env:SLUICE_TEST_UNSET_VARIABLE\" }}\n"
+        )))
+        .unwrap_err();
+        assert_eq!(missing.0, "/verify/secret");
+        assert!(
+            missing.1.contains("SLUICE_TEST_UNSET_VARIABLE"),
+            "{}",
+            missing.1
+        );
+        assert_eq!(pointer_of("type: set one of"), "/type");
+        assert_eq!(pointer_of("something else: x"), "");
+    }
+
+    #[test]
+    fn a_source_round_trips_through_the_stored_toml() {
+        let text = "[[webhooks]]\nname = \"h\"\nbus = \"b\"\nverify = { preset = \"hmac\", secrets = [\"env:A\", \"env:B\"], header = \"x-sig\", tolerance = \"90s\", signed = \"{timestamp}.{body}\", timestamp_header = \"x-ts\" }\ntype = { jsonpath = \"$.kind\", prefix = \"com.x.\" }\nid = { header = \"x-id\" }\nextensions = { tenant = \"x-tenant\" }\ndedup_window = \"1h\"\nallowed_origins = [\"https://a.example\"]\nallowed_rate = 5\nrate_limit = { per_second = 2.5, burst = 3 }\n";
+        let channels: crate::config::Channels = toml::from_str(text).unwrap();
+        let stored = channels.to_toml().unwrap();
+        let back = crate::config::Channels::from_toml(&stored).unwrap();
+        assert_eq!(
+            serde_json::to_value(&back.webhooks).unwrap(),
+            serde_json::to_value(&channels.webhooks).unwrap(),
+            "{stored}"
+        );
+        assert_eq!(
+            back.webhooks[0].dedup_window,
+            Some(Duration::from_secs(3600))
+        );
+        assert_eq!(
+            back.webhooks[0].verify.tolerance,
+            Some(Duration::from_secs(90))
+        );
+    }
+
+    #[test]
     fn a_github_request_maps_to_its_event() {
         let hook = config(
             "name = \"gh\"\nbus = \"b\"\nverify = { preset = \"github\", secret = \"s\" }\n",
@@ -1057,10 +1349,11 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-github-delivery", HeaderValue::from_static("d-1"));
         h.insert("x-github-event", HeaderValue::from_static("issues"));
-        let body = json!({"action": "opened"});
+        let body = json!({"action": "opened", "issue": {"title": "x"}}).to_string();
+        let fields = hook.paths.read(body.as_bytes());
         let (id, kind, time) = hook.attributes(&Inputs {
             headers: &h,
-            json: Some(&body),
+            json: &fields,
         });
         assert_eq!(id.as_deref(), Some("d-1"));
         assert_eq!(kind, "com.github.issues.opened");
