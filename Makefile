@@ -12,13 +12,14 @@ APT_UPDATED := $(CACHE)/.apt-updated
 ROCKETMQ_DIR := $(CACHE)/rocketmq-1.0.0
 export SLUICE_ROCKETMQ_BIN ?= $(ROCKETMQ_DIR)/bin
 
-.PHONY: webhook-node console-check run test lint fmt build bench bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq infra-check infra-tools clean help
+.PHONY: chaos webhook-node console-check run test lint fmt build bench bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq infra-check infra-tools clean help
 
 help:
 	@echo "make run    - start the gateway standalone with sluice.example.toml (http://127.0.0.1:8080)"
 	@echo "make test   - unit and end-to-end tests (cargo nextest)"
 	@echo "make lint   - rustfmt check and clippy with warnings as errors"
 	@echo "make bench  - ingest benchmark against the baseline, the functions benchmarks, and target throughput"
+	@echo "make chaos  - the fault suite with every phase stretched (SLUICE_CHAOS=$(CHAOS)); reports in target/chaos-report.jsonl"
 	@echo "make rocketmq - build the RocketMQ name server and broker for the tests (once, into the cache)"
 	@echo "make infra-check - validate infra/ (Dockerfile, compose file, Kubernetes manifests); part of make test"
 	@echo "make console-check - the web console in a real browser (Debian Chromium + playwright-core); part of make test"
@@ -36,6 +37,19 @@ test: tools venv webhook-node redis rocketmq infra-tools
 	$(MAKE) --no-print-directory infra-check
 	$(CARGO) nextest run --workspace --no-fail-fast
 	$(MAKE) --no-print-directory console-check
+
+# The fault suite (tests/tests/faults.rs) with every phase stretched: SLUICE_CHAOS=10 makes
+# target outages 30 s, twenty replica kills, ten times the events. Every scenario's
+# FAULT-REPORT line (events, faults, lost, duplicated, reordered, peak RSS) is collected in
+# target/chaos-report.jsonl; RELIABILITY.md keeps the figures of a run. `make test` runs
+# the same scenarios short.
+CHAOS ?= 10
+chaos: tools venv redis
+	$(CARGO) build --workspace --bins
+	mkdir -p target && rm -f target/chaos-report.jsonl
+	SLUICE_CHAOS=$(CHAOS) SLUICE_FAULT_REPORT=$(CURDIR)/target/chaos-report.jsonl \
+		$(CARGO) nextest run --workspace --no-fail-fast --test-threads 1 -E 'binary(faults)'
+	@cat target/chaos-report.jsonl
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tempfile::TempDir;
 
+pub mod ledger;
 pub mod receiver;
 pub mod rocketmq;
 
