@@ -696,6 +696,15 @@ fn check_media_type(field: &str, value: &str) -> Result<(), EventError> {
             && s.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
     };
+    // The whole value travels as a Content-Type header and as a CloudEvents string: printable
+    // ASCII and spaces only (a tab or non-ASCII parameter text would be accepted in one mode
+    // and refused when delivered in the other).
+    if let Some(c) = value.chars().find(|c| !(' '..='~').contains(c)) {
+        return Err(EventError::invalid(
+            field,
+            format!("`{value}` is not a media type: character {c:?} (printable ASCII only)"),
+        ));
+    }
     let essence = value.split(';').next().unwrap_or("").trim();
     let ok = essence
         .split_once('/')
@@ -904,6 +913,28 @@ mod tests {
             };
             assert_eq!(data, body, "{ct}");
         }
+    }
+
+    /// Found by fuzzing (`ce_structured`, `ce_binary`): a content type with a tab (binary
+    /// mode) or non-ASCII parameter text (structured mode) was accepted, and the event was
+    /// refused when delivered in the other mode to a gateway.
+    #[test]
+    fn a_content_type_is_printable_ascii_in_every_mode() {
+        let mut pairs = MINIMAL.to_vec();
+        pairs.push(("content-type", "text/plain;\tcharset=utf-8"));
+        let mut h = headers(&pairs);
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_bytes(b"text/plain;\tcharset=utf-8").unwrap(),
+        );
+        assert_eq!(from_binary(&h, b"x").unwrap_err().field, "datacontenttype");
+        let body = r#"{"specversion":"1.0","id":"a","source":"s","type":"t","datacontenttype":"text/plain; x=\u00fc"}"#;
+        assert_eq!(
+            from_structured(body.as_bytes()).unwrap_err().field,
+            "datacontenttype"
+        );
+        let body = r#"{"specversion":"1.0","id":"a","source":"s","type":"t","datacontenttype":"text/plain; charset=utf-8"}"#;
+        assert!(from_structured(body.as_bytes()).is_ok());
     }
 
     #[test]
