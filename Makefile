@@ -12,12 +12,13 @@ APT_UPDATED := $(CACHE)/.apt-updated
 ROCKETMQ_DIR := $(CACHE)/rocketmq-1.0.0
 export SLUICE_ROCKETMQ_BIN ?= $(ROCKETMQ_DIR)/bin
 
-.PHONY: chaos webhook-node console-check run test lint fmt build bench bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq infra-check infra-tools clean help
+.PHONY: chaos webhook-node console-check run test lint fmt fuzz build bench bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq infra-check infra-tools clean help
 
 help:
 	@echo "make run    - start the gateway standalone with sluice.example.toml (http://127.0.0.1:8080)"
 	@echo "make test   - unit and end-to-end tests (cargo nextest)"
 	@echo "make lint   - rustfmt check and clippy with warnings as errors"
+	@echo "make fuzz   - every fuzz target for FUZZ_SECONDS (default 60) each (nightly, cargo-fuzz)"
 	@echo "make bench  - ingest benchmark against the baseline, the functions benchmarks, and target throughput"
 	@echo "make chaos  - the fault suite with every phase stretched (SLUICE_CHAOS=$(CHAOS)); reports in target/chaos-report.jsonl"
 	@echo "make rocketmq - build the RocketMQ name server and broker for the tests (once, into the cache)"
@@ -57,6 +58,26 @@ lint:
 
 fmt:
 	$(CARGO) fmt --all
+
+# cargo-fuzz (libFuzzer) on every target of both fuzz crates, FUZZ_SECONDS each; new
+# corpus entries land in <crate>/fuzz/corpus/<target> (minimise with `cargo fuzz cmin`
+# before committing). Needs the nightly toolchain; installs cargo-fuzz if missing.
+# `make test` runs the same target bodies briefly on stable (gateway/tests/fuzz_corpora.rs).
+FUZZ_SECONDS ?= 60
+GATEWAY_FUZZ_TARGETS := ce_structured ce_batch ce_binary record_decode header_encode
+FUNCTIONS_FUZZ_TARGETS := pattern_compile cesql_parse template
+fuzz:
+	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz
+	@rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+	@set -e; \
+	for t in $(GATEWAY_FUZZ_TARGETS); do \
+		echo "== gateway/fuzz $$t ($(FUZZ_SECONDS) s)"; \
+		( cd gateway/fuzz && $(CARGO) +nightly fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) ); \
+	done; \
+	for t in $(FUNCTIONS_FUZZ_TARGETS); do \
+		echo "== functions/fuzz $$t ($(FUZZ_SECONDS) s)"; \
+		( cd functions/fuzz && $(CARGO) +nightly fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) ); \
+	done
 
 tools:
 	@command -v cargo-nextest >/dev/null 2>&1 || $(CARGO) install --locked cargo-nextest

@@ -2,6 +2,8 @@
 //! compiled rule index. Nothing in this crate performs I/O.
 
 pub mod cesql;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod index;
 pub mod pattern;
 pub mod template;

@@ -10,6 +10,51 @@
 
 use serde_json::Value;
 
+/// Any JSON value, read as a parser building it would read it: unlike `IgnoredAny`, string
+/// escapes are decoded, so a lone surrogate (`"\ud800"`, which a template's literal text can
+/// hold) is refused instead of rendering text no JSON reader takes. Builds nothing.
+struct Strict;
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Strict, D::Error> {
+        use serde::de::{MapAccess, SeqAccess, Visitor};
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Strict;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Strict, E> {
+                Ok(Strict)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Strict, E> {
+                Ok(Strict)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Strict, E> {
+                Ok(Strict)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Strict, E> {
+                Ok(Strict)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Strict, E> {
+                Ok(Strict)
+            }
+            fn visit_unit<E>(self) -> Result<Strict, E> {
+                Ok(Strict)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Strict, A::Error> {
+                while seq.next_element::<Strict>()?.is_some() {}
+                Ok(Strict)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Strict, A::Error> {
+                while map.next_entry::<Strict, Strict>()?.is_some() {}
+                Ok(Strict)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// A parsed template.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Template {
@@ -118,7 +163,7 @@ impl Template {
             }
         }
         if self.json {
-            if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&text) {
+            if let Err(e) = serde_json::from_str::<Strict>(&text) {
                 return Err(format!("the JSON template did not render valid JSON: {e}"));
             }
         }
@@ -126,5 +171,27 @@ impl Template {
             text,
             json: self.json,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by fuzzing (`template`): a lone surrogate escape in the template's literal text
+    /// passed the check and rendered JSON that no JSON reader (the receiver, the JSON-lines
+    /// targets) takes.
+    #[test]
+    fn a_json_template_with_a_lone_surrogate_does_not_render() {
+        let vars = vec!["a".to_string()];
+        let t = Template::parse(r#"{"text": "hi $\ud800{a}", "n": ${a}}"#, &vars).unwrap();
+        assert!(t.render(&[Some(Value::from(1))]).is_err());
+        // A surrogate pair is fine.
+        let t = Template::parse(r#"{"text": "\ud83d\ude00 ${a}"}"#, &vars).unwrap();
+        let r = t.render(&[Some(Value::from("x"))]).unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(&r.text).unwrap()["text"],
+            "\u{1F600} x"
+        );
     }
 }

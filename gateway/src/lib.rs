@@ -13,6 +13,8 @@ pub mod app;
 pub mod catalog;
 pub mod config;
 pub mod console;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ingress;
 pub mod metrics;
 #[cfg(feature = "otlp")]

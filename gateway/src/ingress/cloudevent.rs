@@ -279,7 +279,9 @@ pub fn from_binary(headers: &HeaderMap, body: &[u8]) -> Result<Parsed, EventErro
     if let Some(ct) = &content_type {
         check_media_type("datacontenttype", ct)?;
     }
-    let ct = content_type.as_deref().map(essence);
+    let ct = content_type
+        .as_deref()
+        .map(|raw| (essence(raw), decoder_reads_json(raw)));
     event.set_datacontenttype(content_type);
     inherit_trace_context(&mut event, headers);
     let mut stored =
@@ -287,7 +289,11 @@ pub fn from_binary(headers: &HeaderMap, body: &[u8]) -> Result<Parsed, EventErro
     let reads_back = if body.is_empty() {
         true
     } else {
-        append_binary_data(&mut stored, ct.as_deref(), body)?
+        append_binary_data(
+            &mut stored,
+            ct.as_ref().map(|(e, j)| (e.as_str(), *j)),
+            body,
+        )?
     };
     Ok(Parsed {
         event,
@@ -359,11 +365,24 @@ fn strict_json(body: &[u8]) -> Result<u32, serde_json::Error> {
     Ok(depth)
 }
 
+/// Whether the decoder (the SDK's JSON event format) reads a `data` member as JSON under
+/// this `datacontenttype`: its own rule, case-sensitive and on the whole value, which is
+/// not the media-type comparison `is_json` makes (`Application/JSON`,
+/// `application/x+json; charset=utf-8` are JSON to `is_json`, not to the decoder).
+fn decoder_reads_json(content_type: &str) -> bool {
+    content_type.starts_with("application/json")
+        || content_type.starts_with("text/json")
+        || content_type.ends_with("+json")
+}
+
 /// Appends the body as the `data` member of an encoded event (which ends in `}`). Returns
 /// whether the result is known to read back without decoding it (`Parsed::reads_back`).
+/// `content_type` is the essence and whether the decoder reads JSON data under the full
+/// value: JSON data is stored as JSON only when both agree it is JSON (else the decoder
+/// would refuse the stored event); text only when the decoder reads it as a string.
 fn append_binary_data(
     stored: &mut Vec<u8>,
-    essence: Option<&str>,
+    content_type: Option<(&str, bool)>,
     body: &[u8],
 ) -> Result<bool, EventError> {
     if stored.pop() != Some(b'}') {
@@ -379,8 +398,8 @@ fn append_binary_data(
     };
     // Text and base64 data always read back.
     let mut reads_back = true;
-    match essence {
-        Some(ct) if is_json(ct) => {
+    match content_type {
+        Some((ct, true)) if is_json(ct) => {
             let depth = strict_json(body).map_err(|e| {
                 EventError::invalid(
                     "data",
@@ -401,7 +420,7 @@ fn append_binary_data(
                 stored.extend_from_slice(body.trim_ascii());
             }
         }
-        Some(ct) if ct.starts_with("text/") && std::str::from_utf8(body).is_ok() => {
+        Some((ct, false)) if ct.starts_with("text/") && std::str::from_utf8(body).is_ok() => {
             comma(stored);
             stored.extend_from_slice(b"\"data\":");
             serde_json::to_writer(&mut *stored, &String::from_utf8_lossy(body))
@@ -677,6 +696,15 @@ fn check_media_type(field: &str, value: &str) -> Result<(), EventError> {
             && s.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
     };
+    // The whole value travels as a Content-Type header and as a CloudEvents string: printable
+    // ASCII and spaces only (a tab or non-ASCII parameter text would be accepted in one mode
+    // and refused when delivered in the other).
+    if let Some(c) = value.chars().find(|c| !(' '..='~').contains(c)) {
+        return Err(EventError::invalid(
+            field,
+            format!("`{value}` is not a media type: character {c:?} (printable ASCII only)"),
+        ));
+    }
     let essence = value.split(';').next().unwrap_or("").trim();
     let ok = essence
         .split_once('/')
@@ -692,7 +720,7 @@ fn check_media_type(field: &str, value: &str) -> Result<(), EventError> {
 }
 
 /// Header values of binary mode are percent-encoded UTF-8 (HTTP binding §3.1.3.2).
-fn percent_decode(raw: &[u8]) -> Option<String> {
+pub(crate) fn percent_decode(raw: &[u8]) -> Option<String> {
     if !raw.contains(&b'%') {
         return String::from_utf8(raw.to_vec()).ok();
     }
@@ -859,6 +887,54 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Found by fuzzing (`ce_binary`): the decoder's test for JSON data is case-sensitive
+    /// and on the whole value, ours on the lower-cased essence; JSON data under
+    /// `application/vnd.x+jsoN` was stored as JSON, vouched for, and could not be decoded
+    /// for delivery (a 202 for an event that stalls its shard). It is stored as bytes now.
+    #[test]
+    fn json_data_under_a_content_type_the_decoder_does_not_read_as_json_reads_back() {
+        for ct in [
+            "application/vnd.x+jsoN",
+            "Application/JSON",
+            "application/x+json; charset=utf-8",
+            "TEXT/plain",
+        ] {
+            let mut pairs = MINIMAL.to_vec();
+            pairs.push(("content-type", ct));
+            let body = br#"{"a": [1, 2]}"#;
+            let parsed = from_binary(&headers(&pairs), body).unwrap();
+            let e = decode(&parsed.stored).unwrap_or_else(|e| panic!("{ct}: {e}"));
+            let data = match e.data() {
+                Some(Data::Binary(b)) => b.clone(),
+                Some(Data::String(s)) => s.clone().into_bytes(),
+                other => panic!("{ct}: {other:?}"),
+            };
+            assert_eq!(data, body, "{ct}");
+        }
+    }
+
+    /// Found by fuzzing (`ce_structured`, `ce_binary`): a content type with a tab (binary
+    /// mode) or non-ASCII parameter text (structured mode) was accepted, and the event was
+    /// refused when delivered in the other mode to a gateway.
+    #[test]
+    fn a_content_type_is_printable_ascii_in_every_mode() {
+        let mut pairs = MINIMAL.to_vec();
+        pairs.push(("content-type", "text/plain;\tcharset=utf-8"));
+        let mut h = headers(&pairs);
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_bytes(b"text/plain;\tcharset=utf-8").unwrap(),
+        );
+        assert_eq!(from_binary(&h, b"x").unwrap_err().field, "datacontenttype");
+        let body = r#"{"specversion":"1.0","id":"a","source":"s","type":"t","datacontenttype":"text/plain; x=\u00fc"}"#;
+        assert_eq!(
+            from_structured(body.as_bytes()).unwrap_err().field,
+            "datacontenttype"
+        );
+        let body = r#"{"specversion":"1.0","id":"a","source":"s","type":"t","datacontenttype":"text/plain; charset=utf-8"}"#;
+        assert!(from_structured(body.as_bytes()).is_ok());
     }
 
     #[test]

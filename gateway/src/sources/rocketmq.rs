@@ -255,7 +255,7 @@ async fn pull(
 }
 
 /// The stored event for a message, and its shard.
-fn event(
+pub(crate) fn event(
     config: &RocketMqSourceConfig,
     message: &MessageExt,
     shards: u32,
@@ -278,11 +278,21 @@ fn event(
                     Err(_) => continue,
                 }
             };
-            if let Ok(v) = http::HeaderValue::from_str(&percent(value.as_str())) {
+            // Attribute values are percent-encoded in binary mode; the content type is not
+            // (ingress reads Content-Type as it is).
+            let value = if header == http::header::CONTENT_TYPE {
+                value.to_string()
+            } else {
+                percent(value.as_str())
+            };
+            if let Ok(v) = http::HeaderValue::from_str(&value) {
                 headers.insert(header, v);
             }
         }
-        match cloudevent::from_binary(&headers, &body) {
+        // The binding's body of an event without data is one NUL (the RocketMQ target sends
+        // it, as RocketMQ refuses empty bodies): no data, not a body to read as the content type.
+        let data: &[u8] = if body == b"\0" { b"" } else { &body };
+        match cloudevent::from_binary(&headers, data) {
             Ok(parsed) => {
                 let shard =
                     crate::ingress::shard_of(&cloudevent::partition_key(&parsed.event), shards);
@@ -330,7 +340,7 @@ fn event(
 }
 
 /// Percent-encodes a value for a binary-mode header (the ingress parser decodes it).
-fn percent(value: &str) -> String {
+pub(crate) fn percent(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for b in value.bytes() {
         if (0x21..=0x7e).contains(&b) && b != b'"' && b != b'%' {
@@ -340,4 +350,85 @@ fn percent(value: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use rocketmq_model::common::message::message_single::Message;
+
+    use super::*;
+
+    /// Found by fuzzing (`ce_structured`, RocketMQ target → source): the content type was
+    /// percent-encoded like an attribute, so `text/plain; charset=utf-8` came back as
+    /// `text/plain;%20charset=utf-8`.
+    #[test]
+    fn a_binary_mode_message_keeps_its_content_type() {
+        let config: RocketMqSourceConfig = toml::from_str(
+            "name = \"s\"\nname_server = \"127.0.0.1:9876\"\ntopic = \"T\"\nbus = \"b\"\n",
+        )
+        .unwrap();
+        let mut message = Message::builder()
+            .topic("T")
+            .body(Bytes::from_static("hällo".as_bytes()))
+            .build()
+            .unwrap();
+        let mut properties = std::collections::HashMap::new();
+        for (k, v) in [
+            ("CE_specversion", "1.0"),
+            ("CE_id", "1"),
+            ("CE_source", "/s"),
+            ("CE_type", "t"),
+            ("CE_subject", "a b%"),
+            ("CE_datacontenttype", "text/plain; charset=utf-8"),
+        ] {
+            properties.insert(k.into(), v.into());
+        }
+        message.set_properties(properties);
+        let mut ext = MessageExt::default();
+        ext.set_message_inner(message);
+        let (_, stored) = event(&config, &ext, 1).unwrap();
+        let e = cloudevent::decode(&stored).unwrap();
+        assert_eq!(
+            cloudevents::AttributesReader::datacontenttype(&e),
+            Some("text/plain; charset=utf-8")
+        );
+        assert_eq!(cloudevents::AttributesReader::subject(&e), Some("a b%"));
+        assert_eq!(
+            e.data(),
+            Some(&cloudevents::Data::String("hällo".to_string()))
+        );
+    }
+
+    /// Found by fuzzing (`ce_binary`, RocketMQ target → source): an event without data
+    /// travels with the binding's one-NUL body, which the source read as the data, so a JSON
+    /// content type made the event invalid and it was wrapped as a foreign message.
+    #[test]
+    fn the_one_nul_body_is_an_event_without_data() {
+        let config: RocketMqSourceConfig = toml::from_str(
+            "name = \"s\"\nname_server = \"127.0.0.1:9876\"\ntopic = \"T\"\nbus = \"b\"\n",
+        )
+        .unwrap();
+        let mut message = Message::builder()
+            .topic("T")
+            .body(Bytes::from_static(b"\0"))
+            .build()
+            .unwrap();
+        let mut properties = std::collections::HashMap::new();
+        for (k, v) in [
+            ("CE_specversion", "1.0"),
+            ("CE_id", "1"),
+            ("CE_source", "/s"),
+            ("CE_type", "t"),
+            ("CE_datacontenttype", "application/json"),
+        ] {
+            properties.insert(k.into(), v.into());
+        }
+        message.set_properties(properties);
+        let mut ext = MessageExt::default();
+        ext.set_message_inner(message);
+        let (_, stored) = event(&config, &ext, 1).unwrap();
+        let e = cloudevent::decode(&stored).unwrap();
+        assert_eq!(cloudevents::AttributesReader::id(&e), "1");
+        assert_eq!(e.data(), None);
+    }
 }

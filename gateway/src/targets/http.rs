@@ -199,7 +199,7 @@ pub(crate) struct Request {
 }
 
 /// Percent-encodes a binary-mode header value (space, `"`, `%` and non-printable ASCII).
-fn header_text(value: &str) -> String {
+pub(crate) fn header_text(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for b in value.bytes() {
         if (0x21..=0x7e).contains(&b) && b != b'"' && b != b'%' {
@@ -216,9 +216,17 @@ pub(crate) fn encode(envelope: &Envelope, mode: BodyMode) -> Result<Request, Tar
     let event = envelope.decoded()?;
     let id = cloudevents::AttributesReader::id(event.as_ref()).to_string();
     let mut headers = HeaderMap::new();
-    let content_type = cloudevents::AttributesReader::datacontenttype(event.as_ref())
-        .unwrap_or("application/json")
-        .to_string();
+    // Without a `datacontenttype`, what the data is: JSON, text, or bytes (binary data sent
+    // as `application/json` would be refused by a receiver that reads JSON as JSON).
+    let content_type = match cloudevents::AttributesReader::datacontenttype(event.as_ref()) {
+        Some(ct) => ct,
+        None => match event.data() {
+            Some(cloudevents::Data::Binary(_)) => "application/octet-stream",
+            Some(cloudevents::Data::String(_)) => "text/plain; charset=utf-8",
+            _ => "application/json",
+        },
+    }
+    .to_string();
     // The W3C trace context goes on as HTTP headers in every mode, so the receiver's
     // tracing joins the producer's trace (binary mode also has it as ce- attributes).
     for name in ["traceparent", "tracestate"] {
@@ -561,5 +569,39 @@ impl Target for HttpTarget {
 
     fn describe(&self) -> String {
         format!("http {}", self.shown_url)
+    }
+}
+
+#[cfg(test)]
+mod encode_tests {
+    use super::*;
+
+    /// Found by fuzzing (`ce_structured`): binary data without a `datacontenttype` went out
+    /// as `application/json`, which a receiver reading JSON (this gateway's ingress) refuses.
+    #[test]
+    fn binary_mode_names_the_kind_of_data_without_a_content_type() {
+        let envelope = |json: &str| Envelope {
+            raw: bytes::Bytes::from(json.to_string()),
+            accepted_ms: 0,
+            event: None,
+            body: None,
+        };
+        let cases = [
+            (r#""data_base64":"AAE=""#, "application/octet-stream"),
+            (r#""data":{"a":1}"#, "application/json"),
+            (r#""data":"text""#, "application/json"),
+        ];
+        for (data, expected) in cases {
+            let raw =
+                format!(r#"{{"specversion":"1.0","id":"1","source":"/s","type":"t",{data}}}"#);
+            let request = encode(&envelope(&raw), BodyMode::Binary).unwrap();
+            assert_eq!(
+                request.headers[reqwest::header::CONTENT_TYPE],
+                expected,
+                "{data}"
+            );
+            let back = crate::ingress::cloudevent::from_binary(&request.headers, &request.body);
+            assert!(back.is_ok(), "{data}: {back:?}");
+        }
     }
 }

@@ -38,9 +38,9 @@ use tokio::sync::watch;
 use crate::config::Durability;
 use crate::store::{BusLog, Record, Seq, ShardAppend, ShardReader, StoreError};
 
-const HEADER: usize = 16;
+pub(crate) const HEADER: usize = 16;
 /// Larger lengths can only come from a torn or corrupt header.
-const MAX_RECORD: u32 = 64 * 1024 * 1024;
+pub(crate) const MAX_RECORD: u32 = 64 * 1024 * 1024;
 /// How far ahead of the records a segment is zero-filled (durability `fsync` only).
 const PREALLOCATE: u64 = 1024 * 1024;
 
@@ -643,7 +643,10 @@ fn scan(file: &mut File, base: Seq) -> std::io::Result<(u64, u64)> {
 
 /// Reads one record into `payload`. `Ok(None)` at a clean end of file; `InvalidData` for a
 /// bad checksum or length; `UnexpectedEof` for a record cut short.
-fn read_record(reader: &mut impl Read, payload: &mut Vec<u8>) -> std::io::Result<Option<Seq>> {
+pub(crate) fn read_record(
+    reader: &mut impl Read,
+    payload: &mut Vec<u8>,
+) -> std::io::Result<Option<Seq>> {
     let mut header = [0u8; HEADER];
     let mut filled = 0;
     while filled < HEADER {
@@ -683,7 +686,7 @@ fn read_record(reader: &mut impl Read, payload: &mut Vec<u8>) -> std::io::Result
 
 /// A record on disk: length, CRC (of seq and stored form), seq, then the stored form (the
 /// acceptance time and the event, see `store::write_stamped`).
-fn encode_record(buf: &mut Vec<u8>, seq: Seq, accepted_ms: u64, payload: &[u8]) {
+pub(crate) fn encode_record(buf: &mut Vec<u8>, seq: Seq, accepted_ms: u64, payload: &[u8]) {
     let seq_bytes = seq.to_le_bytes();
     let start = buf.len();
     buf.extend_from_slice(&[0u8; HEADER]);

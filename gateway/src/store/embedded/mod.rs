@@ -13,6 +13,8 @@ mod positions;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
+/// The record codec, for the fuzz targets (`crate::fuzzing`).
+pub(crate) use log::{encode_record, read_record, HEADER, MAX_RECORD};
 pub use log::{EmbeddedLog, LogOptions};
 pub use positions::EmbeddedPositions;
 use serde::{Deserialize, Serialize};

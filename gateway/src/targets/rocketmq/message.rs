@@ -40,7 +40,7 @@ pub(super) const STRUCTURED_CONTENT_TYPE_PROPERTY: &str = "CE_contenttype";
 pub(super) const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json";
 
 /// One event as a message, with the key that chooses its queue and its size in a batch.
-pub(super) struct Encoded {
+pub(crate) struct Encoded {
     pub message: Message,
     pub key: String,
     pub size: usize,
@@ -82,7 +82,7 @@ impl Properties {
 
 /// Text as a property name or value can carry it: control characters (CloudEvents allows
 /// none in attribute values; two of them are the format's separators) become `%XX`.
-pub(super) fn property_text(text: &str) -> Cow<'_, str> {
+pub(crate) fn property_text(text: &str) -> Cow<'_, str> {
     if !text.chars().any(char::is_control) {
         return Cow::Borrowed(text);
     }
@@ -102,7 +102,7 @@ pub(super) fn property_text(text: &str) -> Cow<'_, str> {
 
 /// The message for one event. Errors are about the event itself (it does not decode, or it
 /// is larger than a message can be), so they are not retryable.
-pub(super) fn encode(config: &RocketMqConfig, envelope: &Envelope) -> Result<Encoded, TargetError> {
+pub(crate) fn encode(config: &RocketMqConfig, envelope: &Envelope) -> Result<Encoded, TargetError> {
     let event = envelope.decoded()?;
     let key = attribute(&event, &config.partition_key_attribute)
         .unwrap_or_else(|| cloudevents::AttributesReader::id(event.as_ref()).to_string());

@@ -18,7 +18,7 @@
 //! Client: `rocketmq-client-rust` (remoting protocol), which talks to the Rust broker
 //! directly; the Apache 5.x client is gRPC-only and would need a proxy.
 
-mod message;
+pub(crate) mod message;
 mod queues;
 
 use std::collections::HashMap;
