@@ -109,8 +109,9 @@ impl Load {
         while self.accepted_count() < target {
             assert!(
                 Instant::now() < deadline,
-                "the load stalled at {} accepted events",
-                self.accepted_count()
+                "the load stalled at {} accepted events; refused so far (status: count): {:?}",
+                self.accepted_count(),
+                self.shared.lock().unwrap().refused
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -15,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 use sluice_tests::ledger::{chaos_scale, peak_rss_kib, Load, Report};
-use sluice_tests::receiver::{Receiver, Received, Reply};
+use sluice_tests::receiver::{Received, Receiver, Reply};
 use sluice_tests::{shared_redis, RedisServer, Sluice, SluiceBuilder};
 
 /// An HTTP target to the receiver, and nothing else on the bus.
@@ -95,15 +95,18 @@ async fn replicas_killed_under_load() {
     replicas[0].wait_tasks_settled(4, 3).await;
     let started = Instant::now();
     let urls = replicas.iter().map(Sluice::events_url).collect();
-    let load = Load::start(urls, "kill", 8, 2_000 * scale);
+    let load = Load::start(urls, "kill", 8, 50_000 * scale);
     let mut peak = 0;
     let kills = 2 * scale;
     for k in 0..kills {
+        // A while under load, then a kill mid-batch; the others keep taking the load.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
         load.wait_progress(100, Duration::from_secs(30)).await;
         let victim = k % replicas.len();
         note_rss(&mut peak, &replicas[victim]);
         replicas[victim].kill9();
-        load.wait_progress(50, Duration::from_secs(30)).await;
+        load.wait_progress(100, Duration::from_secs(30)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
         replicas[victim].restart().await;
     }
     load.wait_progress(100, Duration::from_secs(30)).await;
@@ -144,7 +147,7 @@ async fn redis_restarted_and_unreachable() {
     replicas[0].wait_tasks_settled(4, 2).await;
     let started = Instant::now();
     let urls = replicas.iter().map(Sluice::events_url).collect();
-    let load = Load::start(urls, "redis", 8, 3_000 * scale as usize);
+    let load = Load::start(urls, "redis", 8, 50_000 * scale as usize);
     load.wait_progress(100, Duration::from_secs(30)).await;
     // A restart: gone and back at once.
     redis.kill();
@@ -190,7 +193,12 @@ async fn target_down_then_back(distributed: bool) {
     }
     let sluice = to_receiver(builder, &receiver).start().await;
     let started = Instant::now();
-    let load = Load::start(vec![sluice.events_url()], "target", 8, 2_000 * scale as usize);
+    let load = Load::start(
+        vec![sluice.events_url()],
+        "target",
+        8,
+        50_000 * scale as usize,
+    );
     load.wait_progress(100, Duration::from_secs(30)).await;
     receiver.default_reply(Reply::Close);
     // Down for 3 s here; `make chaos` stretches it (30 s at SLUICE_CHAOS=10).
@@ -243,10 +251,11 @@ async fn standalone_killed_under_load() {
         .start()
         .await;
     let started = Instant::now();
-    let load = Load::start(vec![sluice.events_url()], "crash", 8, 2_000 * scale);
+    let load = Load::start(vec![sluice.events_url()], "crash", 8, 50_000 * scale);
     let mut peak = 0;
     let kills = 2 * scale;
     for _ in 0..kills {
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
         load.wait_progress(100, Duration::from_secs(30)).await;
         note_rss(&mut peak, &sluice);
         sluice.kill9();
