@@ -336,6 +336,21 @@ fn webhook_view(snapshot: &Snapshot, hook: &WebhookConfig) -> Value {
     value
 }
 
+/// `webhook_view` with why this replica cannot serve it, if it cannot (`unavailable`).
+fn served_webhook_view(
+    snapshot: &Snapshot,
+    hook: &WebhookConfig,
+    webhooks: &crate::webhooks::Webhooks,
+) -> Value {
+    let mut item = webhook_view(snapshot, hook);
+    if let (Value::Object(map), Some(why)) =
+        (&mut item, webhooks.unavailable().get(hook.name.get_ref()))
+    {
+        map.insert("unavailable".to_string(), json!(why));
+    }
+    item
+}
+
 fn source_view(snapshot: &Snapshot, source: &SourceConfig) -> Value {
     view(
         source,
@@ -1348,11 +1363,7 @@ async fn list_webhooks(State(state): State<Arc<IngressState>>) -> Response {
         if webhooks.in_file(name) {
             continue;
         }
-        let mut item = webhook_view(&snapshot, hook);
-        if let (Value::Object(map), Some(why)) = (&mut item, webhooks.unavailable().get(name)) {
-            map.insert("unavailable".to_string(), json!(why));
-        }
-        items.push(item);
+        items.push(served_webhook_view(&snapshot, hook, &webhooks));
     }
     items.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
     Json(json!({"version": snapshot.version, "items": items})).into_response()
@@ -1366,13 +1377,10 @@ async fn get_webhook(State(state): State<Arc<IngressState>>, Path(name): Path<St
             .iter()
             .find(|h| *h.name.get_ref() == name)
             .map(|h| {
-                let mut item = webhook_view(s, h);
-                if let (Value::Object(map), Some(why)) =
-                    (&mut item, webhooks.unavailable().get(&name))
-                {
-                    map.insert("unavailable".to_string(), json!(why));
-                }
-                (item, s.version_of(&catalog::webhook_key(&name)))
+                (
+                    served_webhook_view(s, h, &webhooks),
+                    s.version_of(&catalog::webhook_key(&name)),
+                )
             })
             .ok_or_else(|| no_webhook(&name))
     })

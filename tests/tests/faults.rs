@@ -47,13 +47,15 @@ fn delivered(receiver: &Receiver) -> Vec<String> {
 }
 
 /// Waits until every accepted event reached the receiver (or `limit` passes), then builds
-/// the report.
-async fn reconcile(
+/// the report, publishes it and fails the test if anything accepted was lost.
+async fn conclude(
     scenario: &str,
     load: Load,
     receiver: &Receiver,
     limit: Duration,
     started: Instant,
+    faults: usize,
+    peak_rss_kib: u64,
 ) -> Report {
     let (accepted, refused) = load.stop().await;
     let deadline = Instant::now() + limit;
@@ -68,6 +70,10 @@ async fn reconcile(
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut report = Report::of(scenario, &accepted, refused, &delivered(receiver));
     report.seconds = started.elapsed().as_secs_f64();
+    report.faults = faults;
+    report.peak_rss_kib = peak_rss_kib;
+    report.publish();
+    report.assert_no_loss();
     report
 }
 
@@ -113,18 +119,16 @@ async fn replicas_killed_under_load() {
     for r in &replicas {
         note_rss(&mut peak, r);
     }
-    let mut report = reconcile(
+    conclude(
         "replicas SIGKILLed under load (distributed, 3 replicas)",
         load,
         &receiver,
         Duration::from_secs(30),
         started,
+        kills,
+        peak,
     )
     .await;
-    report.faults = kills;
-    report.peak_rss_kib = peak;
-    report.publish();
-    report.assert_no_loss();
 }
 
 /// Redis restarted (its append-only file kept), then unreachable for a while, under load:
@@ -162,18 +166,16 @@ async fn redis_restarted_and_unreachable() {
     for r in &replicas {
         note_rss(&mut peak, r);
     }
-    let mut report = reconcile(
+    let report = conclude(
         "Redis restarted, then unreachable (distributed, 2 replicas)",
         load,
         &receiver,
         Duration::from_secs(60),
         started,
+        2,
+        peak,
     )
     .await;
-    report.faults = 2;
-    report.peak_rss_kib = peak;
-    report.publish();
-    report.assert_no_loss();
     assert!(
         report.refused.keys().all(|s| matches!(s, 0 | 429 | 503)),
         "only 503 (or no answer) while Redis is away: {:?}",
@@ -212,18 +214,16 @@ async fn target_down_then_back(distributed: bool) {
     } else {
         "standalone"
     };
-    let mut report = reconcile(
+    let report = conclude(
         &format!("HTTP target down for {} s, then back ({mode})", 3 * scale),
         load,
         &receiver,
         Duration::from_secs(60),
         started,
+        1,
+        peak,
     )
     .await;
-    report.faults = 1;
-    report.peak_rss_kib = peak;
-    report.publish();
-    report.assert_no_loss();
     assert_eq!(
         report.reordered, 0,
         "a target that fails delays a key's events, it does not reorder them"
@@ -265,16 +265,14 @@ async fn standalone_killed_under_load() {
     }
     load.wait_progress(100, Duration::from_secs(30)).await;
     note_rss(&mut peak, &sluice);
-    let mut report = reconcile(
+    conclude(
         "standalone SIGKILLed under load (fsync)",
         load,
         &receiver,
         Duration::from_secs(30),
         started,
+        kills,
+        peak,
     )
     .await;
-    report.faults = kills;
-    report.peak_rss_kib = peak;
-    report.publish();
-    report.assert_no_loss();
 }
