@@ -372,7 +372,8 @@ async function main() {
     const facts = page.locator(".inspector .facts");
     await facts.getByText("POST /webhooks/console-hook").waitFor();
     await facts.locator("code", { hasText: "none" }).waitFor();
-    await page.locator(".inspector").getByText("Read-only: webhook sources come from each replica's configuration file").waitFor();
+    await facts.getByText("this replica's configuration file").waitFor();
+    await page.locator(".inspector").getByText("Read-only here: a webhook source comes from a replica's configuration file").waitFor();
     check((await page.locator(".inspector input, .inspector textarea").count()) === 0, "the webhook source is editable");
     await shot(page, "builder-sources");
 
