@@ -41,13 +41,18 @@ pub const MAX_RECORD_BYTES: usize = 16 * 1024 * 1024;
 
 /// Refuses the appends that hold a record over [`MAX_RECORD_BYTES`].
 pub fn check_record_sizes(append: &ShardAppend) -> Result<(), StoreError> {
-    match append.records.iter().find(|r| r.len() > MAX_RECORD_BYTES) {
-        Some(r) => Err(StoreError::TooLarge(format!(
+    append.records.iter().try_for_each(|r| check_record_size(r))
+}
+
+/// Refuses a record over [`MAX_RECORD_BYTES`].
+pub fn check_record_size(record: &[u8]) -> Result<(), StoreError> {
+    if record.len() > MAX_RECORD_BYTES {
+        return Err(StoreError::TooLarge(format!(
             "a record of {} bytes is over the store's limit of {MAX_RECORD_BYTES} bytes",
-            r.len()
-        ))),
-        None => Ok(()),
+            record.len()
+        )));
     }
+    Ok(())
 }
 
 impl StoreError {

@@ -277,15 +277,11 @@ impl BusLog for RedisLog {
                 self.bus
             ))));
         }
-        if let Some((r, _)) = records
+        if let Err(e) = records
             .iter()
-            .find(|(r, _)| r.len() > crate::store::MAX_RECORD_BYTES)
+            .try_for_each(|(r, _)| crate::store::check_record_size(r))
         {
-            return Some(Err(StoreError::TooLarge(format!(
-                "a record of {} bytes is over the store's limit of {} bytes",
-                r.len(),
-                crate::store::MAX_RECORD_BYTES
-            ))));
+            return Some(Err(e));
         }
         let mut invocation = self.append_unique.prepare_invoke();
         invocation.key(self.stream(shard)).key(self.counter(shard));
