@@ -358,36 +358,49 @@ mod tests {
 
     use super::*;
 
-    /// Found by fuzzing (`ce_structured`, RocketMQ target → source): the content type was
-    /// percent-encoded like an attribute, so `text/plain; charset=utf-8` came back as
-    /// `text/plain;%20charset=utf-8`.
-    #[test]
-    fn a_binary_mode_message_keeps_its_content_type() {
+    /// The event the source stores for a binary-mode message of topic `T` with this body and
+    /// the required CloudEvents properties (id `1`) plus `extra`.
+    fn read_binary_message(body: &'static [u8], extra: &[(&str, &str)]) -> cloudevents::Event {
         let config: RocketMqSourceConfig = toml::from_str(
             "name = \"s\"\nname_server = \"127.0.0.1:9876\"\ntopic = \"T\"\nbus = \"b\"\n",
         )
         .unwrap();
         let mut message = Message::builder()
             .topic("T")
-            .body(Bytes::from_static("hällo".as_bytes()))
+            .body(Bytes::from_static(body))
             .build()
             .unwrap();
-        let mut properties = std::collections::HashMap::new();
-        for (k, v) in [
+        let required = [
             ("CE_specversion", "1.0"),
             ("CE_id", "1"),
             ("CE_source", "/s"),
             ("CE_type", "t"),
-            ("CE_subject", "a b%"),
-            ("CE_datacontenttype", "text/plain; charset=utf-8"),
-        ] {
-            properties.insert(k.into(), v.into());
-        }
-        message.set_properties(properties);
+        ];
+        message.set_properties(
+            required
+                .iter()
+                .chain(extra)
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+        );
         let mut ext = MessageExt::default();
         ext.set_message_inner(message);
         let (_, stored) = event(&config, &ext, 1).unwrap();
-        let e = cloudevent::decode(&stored).unwrap();
+        cloudevent::decode(&stored).unwrap()
+    }
+
+    /// Found by fuzzing (`ce_structured`, RocketMQ target → source): the content type was
+    /// percent-encoded like an attribute, so `text/plain; charset=utf-8` came back as
+    /// `text/plain;%20charset=utf-8`.
+    #[test]
+    fn a_binary_mode_message_keeps_its_content_type() {
+        let e = read_binary_message(
+            "hällo".as_bytes(),
+            &[
+                ("CE_subject", "a b%"),
+                ("CE_datacontenttype", "text/plain; charset=utf-8"),
+            ],
+        );
         assert_eq!(
             cloudevents::AttributesReader::datacontenttype(&e),
             Some("text/plain; charset=utf-8")
@@ -404,30 +417,7 @@ mod tests {
     /// content type made the event invalid and it was wrapped as a foreign message.
     #[test]
     fn the_one_nul_body_is_an_event_without_data() {
-        let config: RocketMqSourceConfig = toml::from_str(
-            "name = \"s\"\nname_server = \"127.0.0.1:9876\"\ntopic = \"T\"\nbus = \"b\"\n",
-        )
-        .unwrap();
-        let mut message = Message::builder()
-            .topic("T")
-            .body(Bytes::from_static(b"\0"))
-            .build()
-            .unwrap();
-        let mut properties = std::collections::HashMap::new();
-        for (k, v) in [
-            ("CE_specversion", "1.0"),
-            ("CE_id", "1"),
-            ("CE_source", "/s"),
-            ("CE_type", "t"),
-            ("CE_datacontenttype", "application/json"),
-        ] {
-            properties.insert(k.into(), v.into());
-        }
-        message.set_properties(properties);
-        let mut ext = MessageExt::default();
-        ext.set_message_inner(message);
-        let (_, stored) = event(&config, &ext, 1).unwrap();
-        let e = cloudevent::decode(&stored).unwrap();
+        let e = read_binary_message(b"\0", &[("CE_datacontenttype", "application/json")]);
         assert_eq!(cloudevents::AttributesReader::id(&e), "1");
         assert_eq!(e.data(), None);
     }
