@@ -176,6 +176,15 @@ impl Problem {
             .with_field("limits.max_concurrent_requests")
     }
 
+    /// The requests in flight hold `limits.max_inflight_bytes`: shed at once.
+    pub fn memory_full() -> Self {
+        Problem::unavailable(
+            "the requests in flight hold as much memory as the gateway may give them (limits.max_inflight_bytes); retry shortly",
+            1,
+        )
+        .with_field("limits.max_inflight_bytes")
+    }
+
     pub fn internal(detail: impl Into<String>) -> Self {
         Problem::new(
             StatusCode::INTERNAL_SERVER_ERROR,

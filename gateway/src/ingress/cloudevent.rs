@@ -465,36 +465,80 @@ pub fn from_batch(
     body: &[u8],
     max_events: usize,
 ) -> Result<Vec<Result<Event, EventError>>, EventError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| EventError::invalid("body", format!("not valid JSON: {e}")))?;
-    let Value::Array(entries) = value else {
+    let mut events = Vec::new();
+    for_each_in_batch(body, max_events, |e| events.push(e))?;
+    Ok(events)
+}
+
+/// Batch mode, one entry at a time: `each` gets every entry as it is parsed, so only one
+/// entry's JSON tree is in memory at once (a tree takes up to ~16 times its text). The
+/// outer `Err` refuses the whole request (not JSON, not an array, empty, too many entries);
+/// entries handed out before it are to be dropped.
+pub fn for_each_in_batch(
+    body: &[u8],
+    max_events: usize,
+    each: impl FnMut(Result<Event, EventError>),
+) -> Result<(), EventError> {
+    let not_json =
+        |e: serde_json::Error| EventError::invalid("body", format!("not valid JSON: {e}"));
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'[') {
+        serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(not_json)?;
         return Err(EventError::invalid(
             "body",
             "a batch must be a JSON array of CloudEvents",
         ));
-    };
-    if entries.is_empty() {
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let count = serde::Deserializer::deserialize_seq(&mut de, BatchVisitor { max_events, each })
+        .map_err(not_json)?;
+    de.end().map_err(not_json)?;
+    if count == 0 {
         return Err(EventError::invalid("body", "the batch is empty"));
     }
-    if entries.len() > max_events {
+    if count > max_events {
         return Err(EventError::too_large(
             "limits.max_batch_events",
-            format!(
-                "the batch has {} entries; at most {max_events} are accepted",
-                entries.len()
-            ),
+            format!("the batch has {count} entries; at most {max_events} are accepted"),
         ));
     }
-    Ok(entries
-        .into_iter()
-        .map(|entry| match entry {
-            Value::Object(map) => from_json_object(map),
-            _ => Err(EventError::invalid(
-                "entry",
-                "a batch entry must be a JSON object",
-            )),
-        })
-        .collect())
+    Ok(())
+}
+
+/// Hands each entry of a batch array to `each` (up to `max_events`; the rest are only
+/// counted, without building them); yields the number of entries.
+struct BatchVisitor<F> {
+    max_events: usize,
+    each: F,
+}
+
+impl<'de, F: FnMut(Result<Event, EventError>)> serde::de::Visitor<'de> for BatchVisitor<F> {
+    type Value = usize;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON array of CloudEvents")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(mut self, mut seq: A) -> Result<usize, A::Error> {
+        let mut count = 0;
+        while count < self.max_events {
+            let Some(entry) = seq.next_element::<Value>()? else {
+                return Ok(count);
+            };
+            count += 1;
+            (self.each)(match entry {
+                Value::Object(map) => from_json_object(map),
+                _ => Err(EventError::invalid(
+                    "entry",
+                    "a batch entry must be a JSON object",
+                )),
+            });
+        }
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+            count += 1;
+        }
+        Ok(count)
+    }
 }
 
 /// The JSON event format (CloudEvents JSON format 1.0).

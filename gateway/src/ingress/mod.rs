@@ -61,6 +61,8 @@ pub struct IngressState {
     /// Where replay statuses are kept, and the cancel switch of each replay running here.
     pub replays: RwLock<Arc<dyn crate::replay::ReplayStore>>,
     pub replay_cancels: crate::replay::Cancels,
+    /// `limits.max_inflight_bytes`, in KiB: what requests being handled may hold.
+    memory: Arc<tokio::sync::Semaphore>,
 }
 
 impl IngressState {
@@ -78,7 +80,6 @@ impl IngressState {
             bus_rate: RwLock::new(Arc::new(HashMap::new())),
             schemas: RwLock::new(Arc::new(HashMap::new())),
             limiter: RwLock::new(Arc::new(ratelimit::LocalLimiter::default())),
-            limits,
             cluster,
             draining: std::sync::atomic::AtomicBool::new(false),
             positions: RwLock::new(None),
@@ -87,7 +88,41 @@ impl IngressState {
             admin: RwLock::new(None),
             replays: RwLock::new(Arc::new(crate::replay::LocalReplays::default())),
             replay_cancels: std::sync::Mutex::new(HashMap::new()),
+            memory: Arc::new(tokio::sync::Semaphore::new(
+                limits.max_inflight_bytes.div_ceil(1024),
+            )),
+            limits,
         }
+    }
+
+    /// Reserves what a request with this body may take while it is read, parsed and
+    /// stored (see `limits.max_inflight_bytes`): twice the body, plus 16 times the largest
+    /// event's text when the body is parsed into a JSON tree. A body of unknown length is
+    /// counted at its limit. `None` when it does not fit: the request is to be shed
+    /// ([`Problem::memory_full`]).
+    pub(crate) fn reserve_memory(
+        &self,
+        headers: &http::HeaderMap,
+        limit: usize,
+        json_tree: bool,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let body = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(limit, |len| len.min(limit));
+        let tree = if json_tree {
+            body.min(self.limits.max_event_bytes).saturating_mul(16)
+        } else {
+            0
+        };
+        let total = self.limits.max_inflight_bytes.div_ceil(1024);
+        // One request alone always fits, whatever the limits.
+        let kib = (body.saturating_mul(2).saturating_add(tree))
+            .div_ceil(1024)
+            .clamp(1, total.max(1));
+        let kib = u32::try_from(kib).unwrap_or(u32::MAX);
+        self.memory.clone().try_acquire_many_owned(kib).ok()
     }
 
     /// Takes a new plan: its buses, connectors and the buses' ingress settings.
@@ -519,6 +554,11 @@ async fn handle_events(state: Arc<IngressState>, bus: String, request: Request) 
         ContentMode::Batch => (limits.max_batch_bytes, "limits.max_batch_bytes"),
         _ => (limits.max_event_bytes, "limits.max_event_bytes"),
     };
+    let Some(_memory) = state.reserve_memory(&parts.headers, limit, mode != ContentMode::Binary)
+    else {
+        discard_body(body, limit).await;
+        return Problem::memory_full().into_response();
+    };
     let body = match read_body(&parts.headers, body, limit, limit_name).await {
         Ok(body) => body,
         Err(problem) => return problem.into_response(),
@@ -552,21 +592,23 @@ async fn handle_events(state: Arc<IngressState>, bus: String, request: Request) 
                 })
                 .and_then(cloudevent::Parsed::encode),
         )],
-        ContentMode::Batch => match cloudevent::from_batch(&body, limits.max_batch_events) {
-            Ok(events) => events
-                .into_iter()
-                .map(|e| {
-                    encode(
-                        e.map(|mut e| {
-                            cloudevent::inherit_trace_context(&mut e, &parts.headers);
-                            e
-                        })
-                        .and_then(cloudevent::Parsed::encode),
-                    )
-                })
-                .collect(),
-            Err(e) => return event_problem(e).into_response(),
-        },
+        ContentMode::Batch => {
+            // Entry by entry: one entry's JSON tree in memory at a time.
+            let mut entries = Vec::new();
+            let parsed = cloudevent::for_each_in_batch(&body, limits.max_batch_events, |e| {
+                entries.push(encode(
+                    e.map(|mut e| {
+                        cloudevent::inherit_trace_context(&mut e, &parts.headers);
+                        e
+                    })
+                    .and_then(cloudevent::Parsed::encode),
+                ))
+            });
+            if let Err(e) = parsed {
+                return event_problem(e).into_response();
+            }
+            entries
+        }
     };
     if mode != ContentMode::Batch {
         if let Some(Err(e)) = entries.first() {
@@ -769,6 +811,14 @@ pub(crate) fn entry(
         Bytes::from(bytes),
         shard,
     ))
+}
+
+/// Reads a request's body to its end (up to `limit`) and drops it chunk by chunk, holding
+/// nothing: a client still sending its body then reads the answer instead of losing the
+/// connection under it.
+pub(crate) async fn discard_body(body: Body, limit: usize) {
+    let mut body = Limited::new(body, limit);
+    while let Some(Ok(_)) = body.frame().await {}
 }
 
 pub(crate) async fn read_body(

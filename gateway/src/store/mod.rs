@@ -180,8 +180,17 @@ pub enum Unique {
     Busy,
 }
 
+/// Most bytes of records one read returns unless the reader is told otherwise
+/// ([`ShardReader::set_max_bytes`]); a read always returns at least one record.
+pub const DEFAULT_READ_BYTES: usize = 4 * 1024 * 1024;
+
 #[async_trait]
 pub trait ShardReader: Send + Sync {
+    /// Bounds the bytes of records one read returns: a read stops once its records'
+    /// payloads reach `bytes`, so it holds at most `bytes` plus one record (and a record
+    /// larger than the bound is still read, alone).
+    fn set_max_bytes(&mut self, bytes: usize);
+
     /// Up to `max` durable records from the reader's position on; empty when it is at the tail.
     async fn read(&mut self, max: usize) -> Result<Vec<Record>, StoreError>;
 

@@ -124,6 +124,36 @@ impl Redis {
 // ---------------------------------------------------------------------------------------
 // Bus logs
 
+/// Reads a stream from an entry id (inclusive) for at most ARGV[2] entries, stopping once
+/// they hold ARGV[3] bytes (so the last may go past it): a byte bound XRANGE lacks. Reads
+/// in small steps so that Redis does not build a large reply it would then cut.
+const READ: &str = r"
+local start = ARGV[1]
+local max = tonumber(ARGV[2])
+local budget = tonumber(ARGV[3])
+local out = {}
+local used = 0
+while #out < max and used < budget do
+  local want = math.min(max - #out, 32)
+  local entries = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', want)
+  for i = 1, #entries do
+    if used >= budget then
+      return out
+    end
+    local fields = entries[i][2]
+    for j = 2, #fields, 2 do
+      used = used + #fields[j]
+    end
+    out[#out + 1] = entries[i]
+    start = '(' .. entries[i][1]
+  end
+  if #entries < want then
+    break
+  end
+end
+return out
+";
+
 /// ARGV: the acceptance time (ms), then the records. Each entry: `e` the event, `t` when it
 /// was accepted.
 const APPEND: &str = r"
@@ -167,6 +197,7 @@ pub struct RedisLog {
     shards: u32,
     append: Script,
     append_unique: Script,
+    read: Arc<Script>,
     /// What this worker knows of each shard's end (its own appends).
     tails: Vec<watch::Sender<Seq>>,
 }
@@ -179,6 +210,7 @@ impl RedisLog {
             shards,
             append: Script::new(APPEND),
             append_unique: Script::new(APPEND_UNIQUE),
+            read: Arc::new(Script::new(READ)),
             tails: (0..shards).map(|_| watch::Sender::new(0)).collect(),
         }
     }
@@ -342,6 +374,9 @@ impl BusLog for RedisLog {
             stream: self.stream(shard),
             next: from,
             blocking: None,
+            script: self.read.clone(),
+            max_bytes: crate::store::DEFAULT_READ_BYTES,
+            idle: false,
         }))
     }
 
@@ -397,26 +432,67 @@ struct RedisReader {
     next: Seq,
     /// The reader's own connection for blocking reads, made on first use.
     blocking: Option<redis::aio::MultiplexedConnection>,
+    script: Arc<Script>,
+    /// Most bytes one read returns (the last record may go past it).
+    max_bytes: usize,
+    /// The last `read_wait` found nothing: the next one blocks at once.
+    idle: bool,
 }
 
 type StreamEntries = Vec<(String, Vec<(String, Vec<u8>)>)>;
 
 #[async_trait]
 impl ShardReader for RedisReader {
+    fn set_max_bytes(&mut self, bytes: usize) {
+        self.max_bytes = bytes.max(1);
+    }
+
     async fn read(&mut self, max: usize) -> Result<Vec<Record>, StoreError> {
-        let entries: StreamEntries = redis::cmd("XRANGE")
-            .arg(&self.stream)
+        self.read_bounded(max, self.max_bytes).await
+    }
+
+    /// Busy: bounded reads. Idle: one blocking `XREAD` for a single entry (so its reply is
+    /// bounded too), then a bounded read for the rest of the batch.
+    async fn read_wait(&mut self, max: usize, wait: Duration) -> Result<Vec<Record>, StoreError> {
+        if !self.idle {
+            let records = self.read(max).await?;
+            if !records.is_empty() {
+                return Ok(records);
+            }
+            self.idle = true;
+        }
+        let mut records = self.read_blocking(wait).await?;
+        if let Some(first) = records.first() {
+            self.idle = false;
+            let used = first.payload.len().max(1);
+            if max > 1 && used < self.max_bytes {
+                records.extend(self.read_bounded(max - 1, self.max_bytes - used).await?);
+            }
+        }
+        Ok(records)
+    }
+}
+
+impl RedisReader {
+    async fn read_bounded(
+        &mut self,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let entries: StreamEntries = self
+            .script
+            .key(&self.stream)
             .arg(entry_id(self.next))
-            .arg("+")
-            .arg("COUNT")
             .arg(max)
-            .query_async(&mut self.redis.conn())
+            .arg(max_bytes)
+            .invoke_async(&mut self.redis.conn())
             .await
             .map_err(|e| redis_error("read", &e))?;
         self.records(entries)
     }
 
-    async fn read_wait(&mut self, max: usize, wait: Duration) -> Result<Vec<Record>, StoreError> {
+    /// Waits up to `wait` for the next entry.
+    async fn read_blocking(&mut self, wait: Duration) -> Result<Vec<Record>, StoreError> {
         let mut conn = match self.blocking.take() {
             Some(conn) => conn,
             None => self.redis.blocking_connection(wait).await?,
@@ -424,7 +500,7 @@ impl ShardReader for RedisReader {
         // XREAD answers entries after the id given: `0-{next}` is the entry of seq next-1.
         let reply: Result<Option<Vec<(String, StreamEntries)>>, _> = redis::cmd("XREAD")
             .arg("COUNT")
-            .arg(max)
+            .arg(1)
             .arg("BLOCK")
             .arg(wait.as_millis().max(1) as u64)
             .arg("STREAMS")
@@ -446,9 +522,7 @@ impl ShardReader for RedisReader {
             Err(e) => Err(redis_error("read", &e)),
         }
     }
-}
 
-impl RedisReader {
     fn records(&mut self, entries: StreamEntries) -> Result<Vec<Record>, StoreError> {
         let mut records = Vec::with_capacity(entries.len());
         for (id, fields) in entries {

@@ -972,6 +972,12 @@ async fn receive(
         return Problem::unknown_bus(&hook.bus).into_response();
     };
     let (parts, body) = request.into_parts();
+    // Webhook bodies are read for a few fields without a JSON tree.
+    let Some(_memory) = state.reserve_memory(&parts.headers, state.limits.max_event_bytes, false)
+    else {
+        crate::ingress::discard_body(body, state.limits.max_event_bytes).await;
+        return Problem::memory_full().into_response();
+    };
     let body = match crate::ingress::read_body(
         &parts.headers,
         body,

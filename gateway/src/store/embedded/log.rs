@@ -442,6 +442,7 @@ impl BusLog for EmbeddedLog {
             tail: s.tail.subscribe(),
             next: from,
             file: None,
+            max_bytes: crate::store::DEFAULT_READ_BYTES,
         }))
     }
 
@@ -744,6 +745,8 @@ struct EmbeddedReader {
     next: Seq,
     /// Positioned file reader for records no longer cached; opened on demand.
     file: Option<ReadState>,
+    /// Most payload bytes one read returns (at least one record).
+    max_bytes: usize,
 }
 
 impl EmbeddedReader {
@@ -755,11 +758,16 @@ impl EmbeddedReader {
             return None;
         }
         let start = usize::try_from(self.next - front).ok()?;
+        let mut bytes = 0;
         let records: Vec<Record> = cache
             .records
             .iter()
             .skip(start)
-            .take_while(|(seq, _, _)| *seq < limit)
+            .take_while(|(seq, _, payload)| {
+                let room = bytes < self.max_bytes;
+                bytes += payload.len().max(1);
+                *seq < limit && room
+            })
             .map(|(seq, accepted_ms, payload)| Record {
                 seq: *seq,
                 payload: payload.clone(),
@@ -868,11 +876,20 @@ impl ReadState {
         Ok(())
     }
 
-    fn read(&mut self, max: usize, limit: Seq) -> Result<Vec<Record>, StoreError> {
+    /// Up to `max` records, stopping once they hold `max_bytes` of payload (so the last
+    /// one may go past it).
+    fn read(
+        &mut self,
+        max: usize,
+        max_bytes: usize,
+        limit: Seq,
+    ) -> Result<Vec<Record>, StoreError> {
         let mut records = Vec::new();
-        while records.len() < max && self.next < limit {
+        let mut bytes = 0;
+        while records.len() < max && self.next < limit && bytes < max_bytes {
             match read_record(&mut self.file, &mut self.payload) {
                 Ok(Some(seq)) if seq == self.next => {
+                    bytes += self.payload.len().max(1);
                     records.push(Record::from_stored(
                         seq,
                         Bytes::copy_from_slice(&self.payload),
@@ -913,6 +930,10 @@ fn open_segment(dir: &Path, base: Seq) -> Result<BufReader<File>, StoreError> {
 
 #[async_trait]
 impl ShardReader for EmbeddedReader {
+    fn set_max_bytes(&mut self, bytes: usize) {
+        self.max_bytes = bytes.max(1);
+    }
+
     async fn read(&mut self, max: usize) -> Result<Vec<Record>, StoreError> {
         let tail = *self.tail.borrow();
         if self.next >= tail {
@@ -942,9 +963,10 @@ impl ShardReader for EmbeddedReader {
             }
         };
         // Up to the tail, not `limit`: skipping a damaged stretch moves past `next + max`.
+        let max_bytes = self.max_bytes;
         let (state, result) = tokio::task::spawn_blocking(move || {
             let mut state = state;
-            let result = state.read(max, tail);
+            let result = state.read(max, max_bytes, tail);
             (state, result)
         })
         .await
