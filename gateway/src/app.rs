@@ -490,10 +490,14 @@ fn build_plan(
             name.clone(),
             Arc::new({
                 let bus = channels.buses.iter().find(|b| b.name.get_ref() == name);
-                BusPlan::new(name, log.clone(), rules).with_retention(
-                    bus.and_then(|b| b.retention),
-                    bus.and_then(|b| b.retention_bytes),
-                )
+                BusPlan::new(name, log.clone(), rules)
+                    .with_retention(
+                        bus.and_then(|b| b.retention),
+                        bus.and_then(|b| b.retention_bytes),
+                    )
+                    .with_max_backlog_age(bus.map_or(crate::config::DEFAULT_MAX_BACKLOG_AGE, |b| {
+                        b.max_backlog_age()
+                    }))
             }),
         );
     }

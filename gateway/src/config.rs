@@ -284,6 +284,11 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Requests served at once; more are shed with `503` at once rather than queued.
     pub max_concurrent_requests: usize,
+    /// Memory that requests being read, parsed and stored may take at once, counted as
+    /// twice the body (the body and the stored events) plus, for JSON bodies, 16 times the
+    /// largest event's text (a JSON tree is up to that much larger than its text). A request
+    /// that does not fit is shed with `503` and `Retry-After` rather than queued.
+    pub max_inflight_bytes: usize,
     /// After SIGTERM: how long `/readyz` answers 503 (so load balancers stop sending) while
     /// requests are still accepted, before the listener closes and in-flight requests
     /// finish. 0 closes at once (Kubernetes: the `preStop` hook does the waiting).
@@ -301,6 +306,7 @@ impl Default for Limits {
             request_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
             max_concurrent_requests: 1024,
+            max_inflight_bytes: 256 * 1024 * 1024,
             shutdown_delay: Duration::ZERO,
         }
     }
@@ -330,6 +336,10 @@ impl Default for StoreConfig {
 pub struct DeliveryConfig {
     /// Most events a task reads and hands to its target at once.
     pub batch_size: usize,
+    /// Most bytes of stored events one read of the log takes and one delivery hands to its
+    /// target (the last event may go past it; a larger event goes alone), so memory is
+    /// bounded by bytes whatever the events' size.
+    pub batch_bytes: usize,
     /// How long a task lets new events gather after being woken, so that under load it
     /// delivers batches instead of single events (costs this much delivery latency).
     #[serde(deserialize_with = "duration")]
@@ -348,6 +358,7 @@ impl Default for DeliveryConfig {
     fn default() -> Self {
         DeliveryConfig {
             batch_size: 256,
+            batch_bytes: 1024 * 1024,
             linger: Duration::from_millis(2),
             commit_interval: Duration::from_millis(200),
             initial_backoff: Duration::from_millis(100),
@@ -394,6 +405,30 @@ pub struct BusConfig {
     /// bound passes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention_bytes: Option<u64>,
+    /// The oldest an event may get while a subscription has not delivered it yet (paused,
+    /// failing with no dead-letter destination, far behind): past it the subscription
+    /// skips the event, counted in `sluice_events_expired_total` and logged, so one stuck
+    /// subscription cannot hold the log until Redis's memory or the disk runs out. Left
+    /// out: [`DEFAULT_MAX_BACKLOG_AGE`]. Keep it above the targets' `retry.max_event_age`
+    /// (24 h by default), so failing deliveries are dead-lettered before they expire.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_duration",
+        serialize_with = "ser_optional_duration"
+    )]
+    pub max_backlog_age: Option<Duration>,
+}
+
+/// How old an undelivered event may get when the bus does not say (`max_backlog_age`).
+/// A week, like Kafka's default `retention.ms` and Pub/Sub's longest unacknowledged retention.
+pub const DEFAULT_MAX_BACKLOG_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+
+impl BusConfig {
+    /// The bus's `max_backlog_age`, or the default.
+    pub fn max_backlog_age(&self) -> Duration {
+        self.max_backlog_age.unwrap_or(DEFAULT_MAX_BACKLOG_AGE)
+    }
 }
 
 fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -996,6 +1031,17 @@ impl Channels {
                     format!("bus `{name}`: shards must be between 1 and 1024"),
                 ));
             }
+            if bus
+                .max_backlog_age
+                .is_some_and(|a| a < Duration::from_secs(1))
+            {
+                return Err(bad(
+                    "/max_backlog_age",
+                    format!(
+                        "bus `{name}`: max_backlog_age must be at least 1s (leave it out for the default of 168h)"
+                    ),
+                ));
+            }
             if bus.retention_bytes == Some(0) {
                 return Err(bad(
                     "/retention_bytes",
@@ -1360,6 +1406,13 @@ impl Config {
                 ),
             });
         }
+        if l.max_inflight_bytes < 1024 * 1024 {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                line: find_line(text, "max_inflight_bytes"),
+                message: "limits.max_inflight_bytes must be at least 1048576 (1 MiB)".to_string(),
+            });
+        }
         if !(8192..=1024 * 1024).contains(&l.max_header_bytes) {
             return Err(ConfigError::Invalid {
                 path: path.to_path_buf(),
@@ -1373,6 +1426,14 @@ impl Config {
                 path: path.to_path_buf(),
                 line: find_line(text, "batch_size"),
                 message: "delivery.batch_size must be greater than zero".to_string(),
+            });
+        }
+        if !(1024..=64 * 1024 * 1024).contains(&self.delivery.batch_bytes) {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                line: key_line(text, "delivery", "batch_bytes"),
+                message: "delivery.batch_bytes must be between 1024 and 67108864 (64 MiB)"
+                    .to_string(),
             });
         }
         Ok(())

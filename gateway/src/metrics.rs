@@ -92,6 +92,7 @@ pub struct Metrics {
     pub failed: Family<SubscriptionLabels, Counter>,
     pub retried: Family<SubscriptionLabels, Counter>,
     pub dead_lettered: Family<SubscriptionLabels, Counter>,
+    pub expired: Family<SubscriptionLabels, Counter>,
     pub delivery_duration: HistogramFamily<SubscriptionLabels>,
     pub event_latency: HistogramFamily<SubscriptionLabels>,
     pub lag_events: Family<SubscriptionShardLabels, Gauge>,
@@ -212,6 +213,12 @@ impl Metrics {
             "Events sent to the dead-letter destination",
             dead_lettered.clone(),
         );
+        let expired = Family::default();
+        r.register(
+            "subscription_expired_events",
+            "Events of the bus a subscription skipped undelivered because they got older than the bus's max_backlog_age (counted by sequence number: some may not have matched its rule)",
+            expired.clone(),
+        );
         let delivery_duration: HistogramFamily<SubscriptionLabels> =
             Family::new_with_constructor(delivery_buckets);
         r.register_with_unit(
@@ -281,6 +288,7 @@ impl Metrics {
             failed,
             retried,
             dead_lettered,
+            expired,
             delivery_duration,
             event_latency,
             lag_events,
@@ -340,6 +348,7 @@ impl Metrics {
             failed: self.failed.get_or_create(&labels).clone(),
             retried: self.retried.get_or_create(&labels).clone(),
             dead_lettered: self.dead_lettered.get_or_create(&labels).clone(),
+            expired: self.expired.get_or_create(&labels).clone(),
             duration: self.delivery_duration.get_or_create(&labels).clone(),
             latency: self.event_latency.get_or_create(&labels).clone(),
         }
@@ -433,6 +442,9 @@ pub struct SubscriptionMetrics {
     pub failed: Counter,
     pub retried: Counter,
     pub dead_lettered: Counter,
+    /// Events of the shard skipped because they got older than the bus's
+    /// `max_backlog_age` before this subscription delivered them.
+    pub expired: Counter,
     pub duration: Histogram,
     pub latency: Histogram,
 }

@@ -94,6 +94,9 @@ pub struct BusPlan {
     /// How many bytes of passed events each shard keeps (the bus's `retention_bytes`
     /// split among its shards).
     pub retention_bytes: Option<u64>,
+    /// The oldest an event may get while a subscription has not delivered it: past it the
+    /// subscription skips it (`max_backlog_age`).
+    pub max_backlog_age: Duration,
 }
 
 impl BusPlan {
@@ -142,6 +145,7 @@ impl BusPlan {
             digest: stable_hash(&digest),
             retention: None,
             retention_bytes: None,
+            max_backlog_age: crate::config::DEFAULT_MAX_BACKLOG_AGE,
         }
     }
 
@@ -152,6 +156,16 @@ impl BusPlan {
         self.retention_bytes = bytes
             .filter(|b| *b > 0)
             .map(|b| (b / u64::from(self.log.shards().max(1))).max(1));
+        self
+    }
+
+    /// Skips, for each subscription, the events older than `age` it has not delivered.
+    pub fn with_max_backlog_age(mut self, age: Duration) -> BusPlan {
+        self.max_backlog_age = age;
+        // The shard tasks get the new plan when this changes.
+        let mut digest = self.digest.to_le_bytes().to_vec();
+        digest.extend_from_slice(&age.as_millis().to_le_bytes());
+        self.digest = stable_hash(&digest);
         self
     }
 
@@ -535,13 +549,13 @@ impl WorkerLoop {
             let asked = mono_ms();
             match self.cluster.acquire(id).await {
                 Ok(Some(lease)) => {
-                    // Validity counts from before the request: a slow answer shortens it.
-                    let valid_until = asked + lease_margin(self.cluster.lease_ttl());
-                    if mono_ms() >= valid_until {
+                    let Some(valid_until) =
+                        trusted_until(asked, self.cluster.lease_ttl(), mono_ms())
+                    else {
                         tracing::warn!(task = %id, "the lease came back too late to be trusted; trying again on the next tick");
                         let _ = self.cluster.release(&lease).await;
                         continue;
-                    }
+                    };
                     self.start_task(&control, kind.clone(), lease, valid_until)
                         .await
                 }
@@ -778,4 +792,132 @@ const STOP_GRACE: Duration = Duration::from_millis(500);
 /// paused or partitioned worker stops delivering before another worker can take over.
 fn lease_margin(ttl: Duration) -> u64 {
     (ttl.as_millis() as u64) * 4 / 5
+}
+
+/// Until when (monotonic ms) a lease granted in answer to a request sent at `asked` may be
+/// trusted: validity counts from before the request, so a slow answer shortens it. `None`
+/// when it came back too late to be trusted at all (another worker may hold it by now).
+fn trusted_until(asked: u64, ttl: Duration, now: u64) -> Option<u64> {
+    let until = asked + lease_margin(ttl);
+    (now < until).then_some(until)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::cluster::{LocalCluster, Status};
+    use crate::store::StoreError;
+
+    /// A standalone cluster whose lease requests take `delay` to be answered.
+    struct SlowCluster {
+        inner: LocalCluster,
+        delay: Duration,
+        ttl: Duration,
+    }
+
+    #[async_trait::async_trait]
+    impl Cluster for SlowCluster {
+        fn worker_id(&self) -> &str {
+            self.inner.worker_id()
+        }
+        fn lease_ttl(&self) -> Duration {
+            self.ttl
+        }
+        fn notices(&self) -> watch::Receiver<u64> {
+            self.inner.notices()
+        }
+        fn healthy(&self) -> bool {
+            true
+        }
+        async fn members(&self) -> Result<Vec<String>, StoreError> {
+            self.inner.members().await
+        }
+        async fn acquire(&self, task: &str) -> Result<Option<Lease>, StoreError> {
+            tokio::time::sleep(self.delay).await;
+            self.inner.acquire(task).await
+        }
+        async fn renew(&self, lease: &Lease) -> Result<bool, StoreError> {
+            tokio::time::sleep(self.delay).await;
+            self.inner.renew(lease).await
+        }
+        async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+            self.inner.release(lease).await
+        }
+        async fn control(&self) -> Result<Control, StoreError> {
+            self.inner.control().await
+        }
+        async fn set_paused(&self, id: &str, paused: bool) -> Result<(), StoreError> {
+            self.inner.set_paused(id, paused).await
+        }
+        async fn request_restart(&self, id: &str) -> Result<(), StoreError> {
+            self.inner.request_restart(id).await
+        }
+        async fn set_status(&self, status: Status) -> Result<(), StoreError> {
+            self.inner.set_status(status).await
+        }
+        async fn statuses(&self) -> Result<Vec<Status>, StoreError> {
+            self.inner.statuses().await
+        }
+        async fn forget(&self, ids: &[String]) -> Result<(), StoreError> {
+            self.inner.forget(ids).await
+        }
+        async fn leave(&self) {}
+    }
+
+    #[test]
+    fn a_lease_answered_after_its_margin_is_not_trusted() {
+        let ttl = Duration::from_secs(10);
+        // Counted from the request (1,000), not from the answer.
+        assert_eq!(trusted_until(1_000, ttl, 1_000), Some(9_000));
+        assert_eq!(trusted_until(1_000, ttl, 8_999), Some(9_000));
+        assert_eq!(trusted_until(1_000, ttl, 9_000), None);
+        assert_eq!(trusted_until(1_000, ttl, 60_000), None);
+    }
+
+    /// Renewals count from a monotonic instant taken before the request: a slow answer
+    /// shortens the lease instead of stretching it, and an answer slower than the margin
+    /// leaves the task without a valid lease (it stops) rather than with a stale one.
+    #[tokio::test]
+    async fn renewals_count_from_before_the_request() {
+        for (delay_ms, ttl_ms) in [(300u64, 1_000u64), (1_000, 1_000)] {
+            let cluster = Arc::new(SlowCluster {
+                inner: LocalCluster::new("w"),
+                delay: Duration::from_millis(delay_ms),
+                ttl: Duration::from_millis(ttl_ms),
+            });
+            let lease = cluster.inner.acquire("t").await.unwrap().unwrap();
+            let (lost, _lost) = mpsc::unbounded_channel();
+            let keeper = Arc::new(LeaseKeeper {
+                cluster: cluster.clone(),
+                held: Mutex::default(),
+                lost,
+            });
+            let valid_until = Arc::new(AtomicU64::new(1));
+            keeper.add(&lease, valid_until.clone());
+            let (stop, stopped) = watch::channel(false);
+            let before = mono_ms();
+            let running = tokio::spawn(keeper.clone().run(stopped));
+            let deadline = before + 5_000;
+            while valid_until.load(Ordering::Relaxed) == 1 {
+                assert!(mono_ms() < deadline, "no renewal");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let answered = mono_ms();
+            let until = valid_until.load(Ordering::Relaxed);
+            let margin = lease_margin(Duration::from_millis(ttl_ms));
+            assert!(until >= before + margin, "{until} < {before} + {margin}");
+            assert!(
+                until + delay_ms <= answered + margin,
+                "counted from the answer: until {until}, answered {answered}, delay {delay_ms}"
+            );
+            if delay_ms >= margin {
+                assert!(
+                    until <= answered,
+                    "a renewal slower than the margin is not valid"
+                );
+            }
+            let _ = stop.send(true);
+            running.await.unwrap();
+        }
+    }
 }

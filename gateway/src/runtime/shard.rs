@@ -52,10 +52,18 @@ const LANE_QUEUE_BYTES: usize = 1024 * 1024;
 const SHARD_QUEUE_BYTES: usize = 16 * 1024 * 1024;
 
 /// How often an idle shard reader checks that the log did not roll back under it.
-const ROLLBACK_CHECK: Duration = Duration::from_secs(5);
+const ROLLBACK_CHECK: Duration = Duration::from_secs(1);
+
+/// After a rollback, events accepted up to this long before the last one the reader saw
+/// are delivered again (replicas' clocks differ a little; a duplicate beats a loss).
+const ROLLBACK_MARGIN_MS: u64 = 2_000;
 
 /// How often each lane's lag (`sluice_subscription_lag_events`) is computed.
 const LAG_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How often a shard looks for events its subscriptions hold past the bus's
+/// `max_backlog_age` (one record read while nothing is that old).
+const EXPIRE_CHECK: Duration = Duration::from_secs(1);
 
 /// How long the reader waits for room before it sheds the lanes that hold the most.
 const SHED_AFTER: Duration = Duration::from_millis(250);
@@ -98,6 +106,11 @@ struct Shared {
     /// out, oldest first: how old the event at a position is, for lanes that hold none of
     /// it in memory (paused, catching up).
     accepted: Mutex<VecDeque<(Seq, u64)>>,
+    /// Set when the cursor was moved past what the reader read (expired events): the
+    /// reader opens the log again at the cursor.
+    reopen: std::sync::atomic::AtomicBool,
+    /// The acceptance time of the last record the reader handed out (0: none yet).
+    last_accepted: AtomicU64,
 }
 
 /// Samples of acceptance times kept per shard.
@@ -242,7 +255,12 @@ impl ShardTask {
                 }
             }
         };
-        rolled_back(&self.id, &mut group, end);
+        let past_end =
+            group.shared.is_some_and(|p| p > end) || group.own.values().any(|p| *p > end);
+        if past_end {
+            let start = bus.log.start(shard).await.unwrap_or(0);
+            rolled_back(&self.id, &mut group, end, start);
+        }
         let cursor = group.shared.unwrap_or(end);
         let lanes: Vec<Arc<Lane>> = bus
             .subscriptions
@@ -269,6 +287,8 @@ impl ShardTask {
             valid_until: self.valid_until.clone(),
             stop: self.stop.clone(),
             accepted: Mutex::new(VecDeque::new()),
+            reopen: std::sync::atomic::AtomicBool::new(false),
+            last_accepted: AtomicU64::new(0),
         });
         let reports = shared.apply_control(&control, true);
         let mut statuses = vec![(self.id.clone(), State::Running, None)];
@@ -293,6 +313,8 @@ impl ShardTask {
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut lag = tokio::time::interval(LAG_INTERVAL);
         lag.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut expire = tokio::time::interval(EXPIRE_CHECK);
+        expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The reader runs until the loop ends; dropping it then ends its blocking read.
         let mut reading = Box::pin(reader.run());
         loop {
@@ -301,6 +323,11 @@ impl ShardTask {
                 () = &mut reading => break,
                 _ = commit.tick() => self.record(&shared, &mut recorded),
                 _ = lag.tick() => shared.report_lag(),
+                _ = expire.tick() => {
+                    if let Err(e) = shared.expire_backlog().await {
+                        tracing::debug!(task = %self.id, error = %e, "cannot look for expired events");
+                    }
+                }
                 _ = check.tick() => {
                     if !self.leased() {
                         break;
@@ -393,19 +420,24 @@ impl ShardTask {
 
 /// Positions past the end of the log mean the store lost events it had (an embedded log
 /// after a power loss with durability `os`, Redis restarted from an older snapshot or failed
-/// over to a lagging replica): new events now get the sequence numbers those positions are
-/// already past, and would never be delivered. Such positions go back to the end of the
-/// log, so everything appended from now on is delivered; what was lost is said in the log.
-fn rolled_back(task: &str, group: &mut GroupPositions, end: Seq) {
+/// over to a lagging replica): events appended since get the sequence numbers those
+/// positions are already past, and would never be delivered. Which of the log's events
+/// came after the rollback cannot be told here, so such positions go back to the log's
+/// `start`: what it still holds is delivered again (duplicates, never a loss; a bus with a
+/// long retention sends more again); what was lost is said in the log. (A running reader
+/// that sees the rollback goes back less far: to the events accepted since the last one it
+/// read.)
+fn rolled_back(task: &str, group: &mut GroupPositions, end: Seq, start: Seq) {
+    let start = start.min(end);
     let mut behind_end = Vec::new();
     if let Some(shared) = group.shared.filter(|s| *s > end) {
         behind_end.push(("(shared)".to_string(), shared));
-        group.shared = Some(end);
+        group.shared = Some(start);
     }
     for (name, p) in group.own.iter_mut() {
         if *p > end {
             behind_end.push((name.clone(), *p));
-            *p = end;
+            *p = start;
         }
     }
     if let Some(highest) = behind_end.iter().map(|(_, p)| *p).max() {
@@ -414,7 +446,8 @@ fn rolled_back(task: &str, group: &mut GroupPositions, end: Seq) {
             log_end = end,
             position = highest,
             subscriptions = behind_end.len(),
-            "the log ends before positions already committed: the store rolled back and lost the events from `log_end` up to `position`; delivering from the log's end so new events are not skipped"
+            from = start,
+            "the log ends before positions already committed: the store rolled back and lost the events from `log_end` up to `position`; delivering again from the log's start (`from`) so the events appended since are not skipped"
         );
     }
 }
@@ -514,6 +547,9 @@ impl Shared {
         let Some(last) = records.last().map(|r| r.seq) else {
             return;
         };
+        if let Some(t) = records.last().map(|r| r.accepted_ms).filter(|t| *t > 0) {
+            self.last_accepted.store(t, Ordering::Relaxed);
+        }
         if let Some(first) = records.first().filter(|r| r.accepted_ms > 0) {
             let mut samples = lock(&self.accepted);
             samples.push_back((first.seq, first.accepted_ms));
@@ -671,6 +707,119 @@ impl Shared {
         drop(d);
         self.changed();
         reports
+    }
+
+    /// Skips, for every subscription, the events older than the bus's `max_backlog_age`
+    /// that it has not delivered yet (paused, failing with no dead-letter destination, far
+    /// behind), so that one stuck subscription cannot hold the log forever. Costs one read
+    /// of one record while nothing is that old; a binary search over the log otherwise.
+    async fn expire_backlog(self: &Arc<Self>) -> Result<(), StoreError> {
+        let (log, age, lowest, cursor) = {
+            let d = lock(&self.dispatch);
+            let lowest = d
+                .lanes
+                .iter()
+                .map(|lane| Lane::position(&lock(&lane.state), d.cursor))
+                .min()
+                .unwrap_or(d.cursor)
+                .min(d.cursor);
+            (d.bus.log.clone(), d.bus.max_backlog_age, lowest, d.cursor)
+        };
+        // What the reader has read (or this replica appended): no store round trip while
+        // every subscription keeps up with the reader.
+        let end = (*log.tail(self.shard).borrow()).max(cursor);
+        if lowest >= end {
+            return Ok(());
+        }
+        let cutoff = crate::store::now_ms().saturating_sub(age.as_millis() as u64);
+        let mut reader = log.reader(self.shard, lowest).await?;
+        let Some(oldest) = reader.read(1).await?.into_iter().next() else {
+            return Ok(());
+        };
+        // Records from before acceptance times were stored (0) have no age to judge.
+        if oldest.accepted_ms == 0 || oldest.accepted_ms > cutoff {
+            return Ok(());
+        }
+        let boundary =
+            crate::replay::first_after(log.as_ref(), self.shard, lowest, end, cutoff).await?;
+        if boundary > lowest {
+            self.expire(boundary, age);
+        }
+        Ok(())
+    }
+
+    /// Moves every lane (and the reader) that is before `boundary` to it.
+    fn expire(self: &Arc<Self>, boundary: Seq, age: Duration) {
+        let mut d = lock(&self.dispatch);
+        let cursor = d.cursor;
+        let bus = d.bus.name.clone();
+        if cursor < boundary {
+            d.cursor = boundary;
+            self.reopen.store(true, Ordering::Release);
+            tracing::warn!(bus = %bus, shard = self.shard, from = cursor, to = boundary, max_backlog_age = ?age, "the shard's reader is behind by more than the bus's max_backlog_age; skipping to the first younger event");
+        }
+        for lane in &d.lanes {
+            let mut st = lock(&lane.state);
+            let position = Lane::position(&st, cursor);
+            if position >= boundary {
+                continue;
+            }
+            let skipped = boundary - position;
+            lane.sub.delivery.metrics().expired.inc_by(skipped);
+            tracing::warn!(
+                lane = %lane.id,
+                from = position,
+                to = boundary,
+                skipped,
+                max_backlog_age = ?age,
+                "events older than the bus's max_backlog_age were never delivered to this subscription; skipping them"
+            );
+            let idle = st.queue.is_empty() && st.in_flight.is_none();
+            st.mode = match st.mode {
+                Mode::Paused { .. } => Mode::Paused { next: boundary },
+                Mode::Attached { from } if idle => Mode::Attached {
+                    from: from.max(boundary),
+                },
+                _ => Mode::CatchingUp { next: boundary },
+            };
+            if !idle {
+                // Abandon what is queued or in flight (a delivery retrying a failing
+                // target): it is older than the boundary.
+                self.clear_queue(&mut st);
+                st.in_flight = None;
+                st.in_flight_accepted = 0;
+                st.epoch += 1;
+            }
+            self.ensure_running(lane, &mut st);
+        }
+        drop(d);
+        self.changed();
+    }
+
+    /// Moves the reader and every lane past `boundary` back to it (the log rolled back).
+    fn rewind(self: &Arc<Self>, boundary: Seq) {
+        let mut d = lock(&self.dispatch);
+        let cursor = d.cursor;
+        d.cursor = cursor.min(boundary);
+        self.reopen.store(true, Ordering::Release);
+        lock(&self.accepted).retain(|(seq, _)| *seq < boundary);
+        for lane in &d.lanes {
+            let mut st = lock(&lane.state);
+            if Lane::position(&st, cursor) <= boundary {
+                continue;
+            }
+            // What it holds was read from the log before the rollback: drop it.
+            self.clear_queue(&mut st);
+            st.in_flight = None;
+            st.in_flight_accepted = 0;
+            st.epoch += 1;
+            st.mode = match st.mode {
+                Mode::Paused { .. } => Mode::Paused { next: boundary },
+                _ => Mode::Attached { from: boundary },
+            };
+        }
+        drop(d);
+        self.changed();
     }
 
     /// Drops a lane's queue (it will read those events again from the log).
@@ -898,15 +1047,28 @@ fn prepare(
     }
 }
 
-/// What an envelope holds in memory, roughly: the stored form twice (raw and decoded) plus
-/// a transformed body.
+/// What an envelope holds in memory: the stored form, the decoded event when it holds one,
+/// and a transformed body. A decoded event's JSON data is a tree of values that can take
+/// many times its text (`[0,0,…]`: 2 bytes of text, 32 of tree per element), so it is
+/// counted by its JSON structure, not by its length: queues stay bounded by bytes whatever
+/// the events look like.
 fn envelope_bytes(envelope: &Envelope) -> usize {
     let decoded = if envelope.event.is_some() {
-        envelope.raw.len()
+        decoded_bytes(&envelope.raw)
     } else {
         0
     };
     envelope.raw.len() + decoded + envelope.body.as_ref().map_or(0, |b| b.bytes.len()) + 128
+}
+
+/// An upper estimate of the memory a stored event takes decoded: its text plus about 48
+/// bytes per JSON value or member (each `,` `:` `[` `{` starts at most one).
+fn decoded_bytes(raw: &[u8]) -> usize {
+    let nodes = raw
+        .iter()
+        .filter(|b| matches!(b, b',' | b':' | b'[' | b'{'))
+        .count();
+    raw.len() + nodes * 48
 }
 
 /// The shard reader: reads the log from the shared position and hands records out.
@@ -931,9 +1093,15 @@ impl ReaderLoop {
                 continue;
             }
             let cursor = lock(&self.shared.dispatch).cursor;
+            if self.shared.reopen.swap(false, Ordering::AcqRel) {
+                self.reader = None;
+            }
             if self.reader.is_none() {
                 match self.log.reader(self.shared.shard, cursor).await {
-                    Ok(r) => self.reader = Some(r),
+                    Ok(mut r) => {
+                        r.set_max_bytes(self.shared.delivery.batch_bytes);
+                        self.reader = Some(r);
+                    }
                     Err(e) => {
                         self.failed(e).await;
                         continue;
@@ -946,15 +1114,13 @@ impl ReaderLoop {
             match reader.read_wait(self.batch, self.read_wait).await {
                 Ok(records) if records.is_empty() => {
                     // Idle: now and then check the log still reaches the reader's position
-                    // (a store that rolled back underneath never will). The task ends and
-                    // is started again, which puts the positions back at the log's end.
+                    // (a store that rolled back underneath never will, and the events
+                    // appended since would get sequence numbers it is already past).
                     if idle_check.elapsed() >= ROLLBACK_CHECK {
                         idle_check = tokio::time::Instant::now();
                         if let Ok(end) = self.log.end(self.shared.shard).await {
                             if end < cursor {
-                                let bus = lock(&self.shared.dispatch).bus.name.clone();
-                                tracing::error!(bus = %bus, shard = self.shared.shard, log_end = end, position = cursor, "the log now ends before the reader's position: the store rolled back; restarting the shard task");
-                                return;
+                                self.rolled_back(end, cursor).await;
                             }
                         }
                     }
@@ -982,6 +1148,40 @@ impl ReaderLoop {
                 }
             }
         }
+    }
+
+    /// The log ends at `end`, below the reader's position: the store rolled back (Redis
+    /// restored from an older snapshot or failed over to a lagging replica). Goes back to
+    /// the first event accepted since shortly before the last one the reader saw, so the
+    /// events appended since the rollback are delivered, not skipped (some that were
+    /// delivered before may be delivered again).
+    async fn rolled_back(&mut self, end: Seq, cursor: Seq) {
+        let shard = self.shared.shard;
+        let seen = self.shared.last_accepted.load(Ordering::Relaxed);
+        let start = self.log.start(shard).await.unwrap_or(0);
+        let boundary = if seen == 0 {
+            start
+        } else {
+            let since = seen.saturating_sub(ROLLBACK_MARGIN_MS);
+            match crate::replay::first_after(self.log.as_ref(), shard, start, end, since).await {
+                Ok(boundary) => boundary,
+                Err(e) => {
+                    tracing::warn!(shard, error = %e, "cannot search the rolled-back log; checking again shortly");
+                    return;
+                }
+            }
+        };
+        let bus = lock(&self.shared.dispatch).bus.name.clone();
+        tracing::error!(
+            bus = %bus,
+            shard,
+            log_end = end,
+            position = cursor,
+            from = boundary,
+            "the log now ends before the reader's position: the store rolled back and lost the events from `log_end` up to `position`; delivering again from `from`, the first event accepted since shortly before the last one read, so the events appended since are not skipped"
+        );
+        self.shared.rewind(boundary);
+        self.reader = None;
     }
 
     async fn failed(&mut self, e: StoreError) {
@@ -1076,8 +1276,17 @@ impl LaneTask {
             return None;
         }
         if !st.queue.is_empty() {
+            // Up to `batch_size` events and `batch_bytes` (the last may go past it).
             let max = self.shared.delivery.batch_size.max(1);
-            let n = st.queue.len().min(max);
+            let mut n = 0;
+            let mut bytes = 0;
+            for q in st.queue.iter().take(max) {
+                if bytes >= self.shared.delivery.batch_bytes {
+                    break;
+                }
+                bytes += q.bytes;
+                n += 1;
+            }
             let items: Vec<Queued> = st.queue.drain(..n).collect();
             st.queued -= items.iter().map(|q| q.bytes).sum::<usize>();
             let first = items.first().map_or(0, |q| q.seq);
@@ -1126,18 +1335,24 @@ impl LaneTask {
         let log = lock(&self.shared.dispatch).bus.log.clone();
         let reader = match self.reader.take() {
             Some((r, at)) if at == next => r,
-            _ => log.reader(self.shared.shard, next).await?,
+            _ => {
+                let mut r = log.reader(self.shared.shard, next).await?;
+                r.set_max_bytes(self.shared.delivery.batch_bytes);
+                r
+            }
         };
         let mut reader = reader;
         let records = reader.read(self.shared.delivery.batch_size).await?;
-        let Some(last) = records.last().map(|r| r.seq) else {
+        let Some(read_end) = records.last().map(|r| r.seq + 1) else {
             self.reader = Some((reader, next));
             self.attach(next);
             return Ok(true);
         };
-        self.reader = Some((reader, last + 1));
         let first_accepted = records.first().map_or(0, |r| r.accepted_ms);
-        let events = self.select(records);
+        let (events, end) = self.select(records);
+        // Cut short (decoded, the batch grew past `batch_bytes`): read the rest again.
+        self.reader = (end == read_end).then_some((reader, end));
+        let last = end - 1;
         {
             let mut st = lock(&self.lane.state);
             if st.epoch != epoch {
@@ -1179,11 +1394,19 @@ impl LaneTask {
     }
 
     /// The records this lane's subscription takes, transformed (per-subscription work only
-    /// while catching up).
-    fn select(&self, records: Vec<Record>) -> Vec<Envelope> {
+    /// while catching up), and one past the last record looked at: decoded events can take
+    /// many times their stored size, so the batch stops once it holds `batch_bytes` (at
+    /// least one record is looked at).
+    fn select(&self, records: Vec<Record>) -> (Vec<Envelope>, Seq) {
         let sub = &self.lane.sub;
         let mut out = Vec::with_capacity(records.len());
+        let mut end = records.first().map_or(0, |r| r.seq);
+        let mut bytes = 0;
         for r in records {
+            if bytes >= self.shared.delivery.batch_bytes {
+                break;
+            }
+            end = r.seq + 1;
             let event = if sub.filter.matches_everything() && sub.transform.is_none() {
                 None
             } else {
@@ -1211,10 +1434,11 @@ impl LaneTask {
                 r.accepted_ms,
                 event.as_ref(),
             ) {
+                bytes += envelope_bytes(&envelope);
                 out.push(envelope);
             }
         }
-        out
+        (out, end)
     }
 
     /// Delivers (retries, backoff and dead letters: see `delivery`); false if stopped, the
