@@ -694,6 +694,7 @@ class Builder {
             ? [b.retention ? duration(b.retention) : null, b.retention_bytes ? `at most ${bytes(b.retention_bytes)}` : null].filter(Boolean).join(", ")
             : "none (events go once every subscription passed them)",
         ),
+        fact("Undelivered events kept", `${b.max_backlog_age ? duration(b.max_backlog_age) : "a week (default)"}, then skipped by the subscription holding them`),
         fact("Deduplication", b.dedup_window ? duration(b.dedup_window) : "off"),
         fact("Producers post to", clip(`POST /buses/${b.name}/events`)),
       ),

@@ -138,6 +138,7 @@ class ChannelsView {
       `${bus.shards} shard${bus.shards === 1 ? "" : "s"}`,
       bus.retention ? `retention ${duration(bus.retention)}` : null,
       bus.retention_bytes ? `retention ${bytes(bus.retention_bytes)}` : null,
+      bus.max_backlog_age ? `backlog ≤ ${duration(bus.max_backlog_age)}` : null,
       bus.dedup_window ? `dedup ${duration(bus.dedup_window)}` : null,
       bus.auth ? "API keys" : null,
       bus.rate_limit ? `${bus.rate_limit.per_second}/s` : null,
@@ -257,6 +258,7 @@ class ChannelsView {
         fields.shards = field("Shards", input("shards", bus?.shards ?? 4, { inputmode: "numeric" }), { hint: isNew ? "Order is kept per shard; 1 to 1024." : "Cannot change once the bus holds events." });
         fields.retention = field("Retention", input("retention", duration(bus?.retention), { placeholder: "e.g. 168h" }), { hint: "Keep events this long after acceptance, for replays. Empty: none." });
         fields.retention_bytes = field("Retention (bytes)", input("retention_bytes", bus?.retention_bytes, { inputmode: "numeric", placeholder: "e.g. 1073741824" }), { hint: "Keep at most this many bytes of passed events across the bus (the newest). Empty: no size bound." });
+        fields.max_backlog_age = field("Max backlog age", input("max_backlog_age", duration(bus?.max_backlog_age), { placeholder: "168h" }), { hint: "A subscription that has not delivered an event this old (paused, failing, behind) skips it, counted and logged. Empty: a week." });
         fields.dedup_window = field("Deduplication window", input("dedup_window", duration(bus?.dedup_window), { placeholder: "e.g. 24h" }), { hint: "Drop a CloudEvent whose source + id was stored within it. Empty: off." });
         fields["rate_limit.per_second"] = field("Rate limit (requests/s)", input("rate_limit.per_second", bus?.rate_limit?.per_second, { inputmode: "decimal" }), { hint: "Empty: no limit." });
         fields["rate_limit.burst"] = field("Burst", input("rate_limit.burst", bus?.rate_limit?.burst, { inputmode: "numeric" }), { hint: "Default: one second's worth." });
@@ -283,6 +285,7 @@ class ChannelsView {
           set("shards", read("shards", "integer"));
           set("retention", read("retention", "duration"));
           set("retention_bytes", read("retention_bytes", "integer"));
+          set("max_backlog_age", read("max_backlog_age", "duration"));
           set("dedup_window", read("dedup_window", "duration"));
           const perSecond = read("rate_limit.per_second", "number");
           const burst = read("rate_limit.burst", "integer");
