@@ -57,9 +57,17 @@ pub struct SluiceBuilder {
     ttl: &'static str,
     extra: String,
     env: Vec<(String, String)>,
+    data_dir: Option<PathBuf>,
 }
 
 impl SluiceBuilder {
+    /// Keeps the data directory here instead of in the test's temporary directory (a
+    /// small filesystem of the test's own, say).
+    pub fn data_dir(mut self, dir: &Path) -> Self {
+        self.data_dir = Some(dir.to_path_buf());
+        self
+    }
+
     pub fn durability(mut self, durability: &'static str) -> Self {
         self.durability = durability;
         self
@@ -115,7 +123,10 @@ impl SluiceBuilder {
     pub async fn start(self) -> Sluice {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("sluice.toml");
-        let data_dir = dir.path().join("data");
+        let data_dir = self
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| dir.path().join("data"));
         let mode = match &self.distributed {
             Some((url, prefix)) => format!(
                 "mode = \"distributed\"\nredis_url = \"{url}\"\nredis_prefix = \"{prefix}\"\n"
@@ -202,6 +213,7 @@ impl Sluice {
             ttl: "3s",
             extra: String::new(),
             env: Vec::new(),
+            data_dir: None,
         }
     }
 
@@ -582,6 +594,43 @@ impl RedisServer {
     pub fn restart(&mut self) {
         assert!(self.child.is_none());
         self.spawn();
+    }
+
+    /// A copy of what Redis keeps on disk (it must be stopped): an older snapshot to come
+    /// back to with `restore`.
+    pub fn snapshot(&self) -> TempDir {
+        assert!(self.child.is_none(), "snapshot a stopped redis-server");
+        let copy = tempfile::tempdir().expect("temp dir");
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", self.dir.path().display()))
+            .arg(copy.path())
+            .status()
+            .expect("cp");
+        assert!(status.success());
+        copy
+    }
+
+    /// Replaces what Redis keeps on disk with a snapshot (it must be stopped): started
+    /// again, it has lost everything written since, as a restore from an old backup or a
+    /// failover to a lagging replica does.
+    pub fn restore(&mut self, snapshot: &Path) {
+        assert!(self.child.is_none(), "restore into a stopped redis-server");
+        for entry in fs::read_dir(self.dir.path()).expect("redis dir") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                fs::remove_dir_all(&path).expect("remove");
+            } else {
+                fs::remove_file(&path).expect("remove");
+            }
+        }
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", snapshot.display()))
+            .arg(self.dir.path())
+            .status()
+            .expect("cp");
+        assert!(status.success());
     }
 }
 
