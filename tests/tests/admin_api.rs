@@ -1578,11 +1578,21 @@ async fn retention_by_size_keeps_the_newest_bytes_of_passed_events() {
         .await;
     assert_eq!(bad.status, 400, "{}", bad.body);
     assert_eq!(bad.body["pointer"], "/retention_bytes", "{}", bad.body);
+    // The backlog bound: at least a second, and shown as set.
+    let bad = api
+        .put(
+            BUS,
+            "/api/v1/buses/sized",
+            json!({"shards": 1, "max_backlog_age": "500ms"}),
+        )
+        .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert_eq!(bad.body["pointer"], "/max_backlog_age", "{}", bad.body);
     assert_eq!(
         api.put(
             BUS,
             "/api/v1/buses/sized",
-            json!({"shards": 1, "retention_bytes": BOUND})
+            json!({"shards": 1, "retention_bytes": BOUND, "max_backlog_age": "72h"})
         )
         .await
         .status,

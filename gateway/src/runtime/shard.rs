@@ -52,7 +52,7 @@ const LANE_QUEUE_BYTES: usize = 1024 * 1024;
 const SHARD_QUEUE_BYTES: usize = 16 * 1024 * 1024;
 
 /// How often an idle shard reader checks that the log did not roll back under it.
-const ROLLBACK_CHECK: Duration = Duration::from_secs(1);
+const ROLLBACK_CHECK: Duration = Duration::from_secs(2);
 
 /// After a rollback, events accepted up to this long before the last one the reader saw
 /// are delivered again (replicas' clocks differ a little; a duplicate beats a loss).
@@ -790,7 +790,9 @@ impl Shared {
                 st.in_flight_accepted = 0;
                 st.epoch += 1;
             }
-            self.ensure_running(lane, &mut st);
+            if matches!(st.mode, Mode::CatchingUp { .. }) {
+                self.ensure_running(lane, &mut st);
+            }
         }
         drop(d);
         self.changed();
