@@ -1,1 +1,0 @@
-hop < 5 AND subject LIKE 'Gr%'

@@ -1,1 +1,0 @@
-sequence IN (1, 10, '10') XOR NOT flag

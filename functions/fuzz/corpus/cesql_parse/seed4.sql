@@ -1,1 +1,0 @@
-LENGTH(CONCAT_WS('-', id, source)) >= -2147483648

@@ -1,1 +1,0 @@
-SUBSTRING(subject, -3, 2) = UPPER(LEFT('ab', 1))

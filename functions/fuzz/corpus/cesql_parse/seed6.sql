@@ -1,1 +1,0 @@
-EXISTS missing OR INT('7') % 0 = ABS(-1)
