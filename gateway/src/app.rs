@@ -131,7 +131,7 @@ impl Logs {
     }
 }
 
-async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<(), StartError> {
+async fn run_until(mut config: Config, mut stop: watch::Receiver<bool>) -> Result<(), StartError> {
     let data = DataDir::open(&config.data_dir)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -209,7 +209,9 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
     // The file's resources seed an empty catalog; a stored catalog is never replaced by
     // the file (that would roll back the admin API's changes). Wait for Redis if it is
     // not up yet.
-    let file = config.channels();
+    // Moved out of the configuration: from here on the catalog is what runs, and with
+    // thousands of rules the file's copy would only take memory.
+    let file = config.take_channels();
     let snapshot = loop {
         match seed(&catalog, &file).await {
             Ok(snapshot) => break snapshot,
@@ -229,6 +231,7 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
             }
         }
     };
+    drop(file);
     let plan = match logs
         .for_channels(&snapshot.channels)
         .and_then(|l| build_plan(&config, &snapshot.channels, snapshot.version, l))
@@ -288,6 +291,8 @@ async fn run_until(config: Config, mut stop: watch::Receiver<bool>) -> Result<()
         stop.clone(),
     ));
     announce(&config, &listener, &data_path, &id, &snapshot);
+    // The plan holds what it needs of it.
+    drop(snapshot);
     let drain = drain(stop.clone(), state.clone(), config.limits.shutdown_delay);
     match admin_listener {
         Some(admin_listener) => {

@@ -1464,6 +1464,17 @@ impl Config {
         Ok(())
     }
 
+    /// Moves the buses, rules and sources out of the configuration (they only seed the
+    /// catalog).
+    pub fn take_channels(&mut self) -> Channels {
+        Channels {
+            buses: std::mem::take(&mut self.buses),
+            rules: std::mem::take(&mut self.rules),
+            sources: std::mem::take(&mut self.sources),
+            webhooks: Vec::new(),
+        }
+    }
+
     pub fn channels(&self) -> Channels {
         Channels {
             buses: self.buses.clone(),

@@ -826,7 +826,11 @@ impl Shared {
 
     /// Drops a lane's queue (it will read those events again from the log).
     fn clear_queue(&self, st: &mut LaneState) {
-        let bytes: usize = st.queue.drain(..).map(|q| q.bytes).sum();
+        // Taken, not drained: the queue's memory goes with it.
+        let bytes: usize = std::mem::take(&mut st.queue)
+            .into_iter()
+            .map(|q| q.bytes)
+            .sum();
         st.queued = 0;
         self.release(bytes);
     }
@@ -1306,6 +1310,9 @@ impl LaneTask {
                 epoch: st.epoch,
             });
         }
+        // Idle: give the queue's memory back (with thousands of subscriptions, queues each
+        // grown once by a burst would otherwise hold it for good).
+        st.queue = VecDeque::new();
         st.running = false;
         self.shared.running_lanes.fetch_sub(1, Ordering::Relaxed);
         None
