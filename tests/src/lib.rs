@@ -652,6 +652,40 @@ pub fn shared_redis(test: &str) -> (String, String) {
     )
 }
 
+/// Waits until the Redis stream `key` holds `len` entries, or panics after `limit`.
+pub async fn wait_stream_len(url: &str, key: &str, len: u64, limit: Duration) {
+    let client = redis::Client::open(url).expect("redis url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis connection");
+    let deadline = Instant::now() + limit;
+    loop {
+        let now: u64 = redis::cmd("XLEN")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .expect("XLEN");
+        if now == len {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{now} entries in {key}, not {len}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The sum of the samples of metric `name` whose labels contain `has`, in a `/metrics`
+/// text.
+pub fn metric_sum(text: &str, name: &str, has: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(has))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}
+
 /// Posts `count` binary-mode events with ids `{prefix}-{i}`, spread round-robin over the
 /// given gateways, and returns the ids answered 202 (others got an error or 503).
 pub async fn post_spread(urls: &[String], prefix: &str, count: usize) -> Vec<String> {

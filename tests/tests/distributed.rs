@@ -725,19 +725,7 @@ async fn streams_are_trimmed_once_every_subscription_passed() {
         "the paused subscription got every record, in order"
     );
 
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let len: u64 = redis::cmd("XLEN")
-            .arg(&stream)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if len == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{len} entries left in {stream}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    sluice_tests::wait_stream_len(&url, &stream, 0, Duration::from_secs(20)).await;
 }
 
 /// Two clusters on one Redis under different `redis_prefix`es share nothing: members,

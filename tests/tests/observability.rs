@@ -15,12 +15,7 @@ fn value(text: &str, series: &str) -> Option<f64> {
 }
 
 /// The sum of every series of `name` whose labels contain `has`.
-fn sum(text: &str, name: &str, has: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(has))
-        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-        .sum()
-}
+use sluice_tests::metric_sum as sum;
 
 #[tokio::test]
 async fn metrics_count_requests_appends_deliveries_and_report_lag_and_tasks() {

@@ -166,6 +166,47 @@ fn set_file_size_limit(pid: u32, limit: &str) {
     assert!(status.success(), "prlimit --fsize={limit} failed");
 }
 
+/// A binary-mode event with 32 KiB of data: a few fill a small store quickly.
+fn big_event(client: &reqwest::Client, url: &str, id: &str) -> reqwest::RequestBuilder {
+    client
+        .post(url)
+        .header("ce-specversion", "1.0")
+        .header("ce-id", id)
+        .header("ce-source", "/tests")
+        .header("ce-type", "com.example.big")
+        .header("content-type", "application/json")
+        .body(format!("{{\"data\":\"{}\"}}", "x".repeat(32 * 1024)))
+}
+
+/// Posts big events `{prefix}-{i}` (adding the accepted ones to `accepted`) until one is
+/// refused with a `503` problem and `Retry-After`; returns its id and problem. Panics if
+/// none of `max` is refused, or on any other answer.
+async fn fill_until_refused(
+    client: &reqwest::Client,
+    url: &str,
+    prefix: &str,
+    max: usize,
+    accepted: &mut Vec<String>,
+) -> (String, Value) {
+    for i in 0..max {
+        let id = format!("{prefix}-{i}");
+        let response = big_event(client, url, &id).send().await.unwrap();
+        match response.status().as_u16() {
+            202 => accepted.push(id),
+            503 => {
+                assert_eq!(
+                    response.headers()["content-type"],
+                    "application/problem+json"
+                );
+                assert!(response.headers().contains_key("retry-after"));
+                return (id, response.json().await.unwrap());
+            }
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    panic!("none of {max} writes was refused");
+}
+
 #[tokio::test]
 async fn a_store_that_cannot_write_answers_503_and_is_not_ready_until_it_can_again() {
     let receiver = Receiver::start().await;
@@ -178,19 +219,7 @@ async fn a_store_that_cannot_write_answers_503_and_is_not_ready_until_it_can_aga
     let client = reqwest::Client::new();
     let url = sluice.events_url();
     let get = |path: &str| client.get(sluice.url(path)).send();
-    let data = "x".repeat(32 * 1024);
-    let body = format!("{{\"data\":\"{data}\"}}");
-    let send = |id: String| {
-        client
-            .post(&url)
-            .header("ce-specversion", "1.0")
-            .header("ce-id", id)
-            .header("ce-source", "/tests")
-            .header("ce-type", "com.example.big")
-            .header("content-type", "application/json")
-            .body(body.clone())
-            .send()
-    };
+    let send = |id: String| big_event(&client, &url, &id).send();
     let mut accepted = Vec::new();
     for i in 0..4 {
         let id = format!("before-{i}");
@@ -201,26 +230,8 @@ async fn a_store_that_cannot_write_answers_503_and_is_not_ready_until_it_can_aga
     // EFBIG (what a full disk does with ENOSPC). The segment grows in 1 MiB chunks.
     let pid = sluice.pid().expect("running");
     set_file_size_limit(pid, "2097152");
-    let mut refused = None;
-    for i in 0..200 {
-        let id = format!("during-{i}");
-        let response = send(id.clone()).await.unwrap();
-        match response.status().as_u16() {
-            202 => accepted.push(id),
-            503 => {
-                assert_eq!(
-                    response.headers()["content-type"],
-                    "application/problem+json"
-                );
-                assert!(response.headers().contains_key("retry-after"));
-                let problem: Value = response.json().await.unwrap();
-                refused = Some((id, problem));
-                break;
-            }
-            other => panic!("unexpected status {other}"),
-        }
-    }
-    let (refused_id, problem) = refused.expect("a write past the limit is refused");
+    let (refused_id, problem) =
+        fill_until_refused(&client, &url, "during", 200, &mut accepted).await;
     eprintln!(
         "{} events accepted, then {refused_id} refused: {problem}",
         accepted.len()
@@ -334,38 +345,9 @@ async fn a_full_disk_answers_503_corrupts_nothing_and_recovers_once_space_return
         .await;
     let client = reqwest::Client::new();
     let url = sluice.events_url();
-    let body = format!("{{\"data\":\"{}\"}}", "x".repeat(32 * 1024));
-    let send = |id: String| {
-        client
-            .post(&url)
-            .header("ce-specversion", "1.0")
-            .header("ce-id", id)
-            .header("ce-source", "/tests")
-            .header("ce-type", "com.example.big")
-            .header("content-type", "application/json")
-            .body(body.clone())
-            .send()
-    };
+    let send = |id: String| big_event(&client, &url, &id).send();
     let mut accepted = Vec::new();
-    let mut refused = None;
-    for i in 0..400 {
-        let id = format!("fill-{i}");
-        let response = send(id.clone()).await.unwrap();
-        match response.status().as_u16() {
-            202 => accepted.push(id),
-            503 => {
-                assert_eq!(
-                    response.headers()["content-type"],
-                    "application/problem+json"
-                );
-                assert!(response.headers().contains_key("retry-after"));
-                refused = Some(response.json::<Value>().await.unwrap());
-                break;
-            }
-            other => panic!("unexpected status {other}"),
-        }
-    }
-    let problem = refused.expect("a full disk refuses writes");
+    let (_, problem) = fill_until_refused(&client, &url, "fill", 400, &mut accepted).await;
     eprintln!(
         "{} events accepted, then refused: {problem}",
         accepted.len()
@@ -801,14 +783,12 @@ async fn a_stuck_subscription_skips_what_is_older_than_the_max_backlog_age() {
 
     // Both stuck subscriptions skip the 40 once they are older than 4 s (checked every
     // second), and say so.
-    let metric = |text: &str, sub: &str| -> f64 {
-        text.lines()
-            .filter(|l| {
-                l.starts_with("sluice_subscription_expired_events_total{")
-                    && l.contains(&format!("subscription=\"{sub}\""))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+    let metric = |text: &str, sub: &str| {
+        sluice_tests::metric_sum(
+            text,
+            "sluice_subscription_expired_events_total",
+            &format!("subscription=\"{sub}\""),
+        )
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -856,22 +836,8 @@ async fn a_stuck_subscription_skips_what_is_older_than_the_max_backlog_age() {
     }
 
     // The log is trimmed although one subscription is still paused.
-    let redis = redis::Client::open(url.as_str()).unwrap();
-    let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
     let stream = format!("{prefix}:bus:aging:0");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let len: u64 = redis::cmd("XLEN")
-            .arg(&stream)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if len == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{len} entries left in {stream}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    sluice_tests::wait_stream_len(&url, &stream, 0, Duration::from_secs(20)).await;
 
     // New events reach everyone once the target is back and the subscription resumed,
     // and none of the skipped ones do.
