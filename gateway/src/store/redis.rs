@@ -466,7 +466,10 @@ impl ShardReader for RedisReader {
             self.idle = false;
             let used = first.payload.len().max(1);
             if max > 1 && used < self.max_bytes {
-                records.extend(self.read_bounded(max - 1, self.max_bytes - used).await?);
+                let more = self.read_bounded(max - 1, self.max_bytes - used).await?;
+                // Nothing behind it: the next call blocks at once rather than ask again.
+                self.idle = more.is_empty();
+                records.extend(more);
             }
         }
         Ok(records)
