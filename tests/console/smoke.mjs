@@ -141,7 +141,7 @@ async function main() {
     await dialog.getByRole("button", { name: "Create bus" }).click();
     await page.getByRole("heading", { name: `Bus ${bus}` }).waitFor();
     const savedBus = await (await api.get(`${base}/api/v1/buses/${bus}`, { headers: auth })).json();
-    check(savedBus.retention_bytes === 1073741824 && savedBus.max_backlog_age === "72h", `the bus was saved with ${JSON.stringify(savedBus)}`);
+    check(savedBus.retention_bytes === 1073741824 && savedBus.max_backlog_age === "259200000ms", `the bus was saved with ${JSON.stringify(savedBus)}`);
 
     step = "a RocketMQ source feeding the bus (through the API)";
     const created = await api.put(`${base}/api/v1/sources/${mqSource}`, {
