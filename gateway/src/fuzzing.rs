@@ -215,6 +215,25 @@ fn rocketmq_source_config() -> Option<crate::sources::rocketmq::RocketMqSourceCo
         .ok()
 }
 
+/// Replaces a message's properties with what a broker and a consumer read back of them:
+/// the properties through the remoting format's property text.
+fn through_the_wire(message: &mut rocketmq_model::common::message::message_single::Message) {
+    let text = rocketmq_model::codec::message_properties_to_string(message.properties().as_map());
+    message.set_properties(rocketmq_model::codec::string_to_message_properties(Some(
+        &text,
+    )));
+}
+
+/// Properties as plain strings, in order (to compare).
+fn string_map<K: ToString, V: ToString>(
+    pairs: impl IntoIterator<Item = (K, V)>,
+) -> BTreeMap<String, String> {
+    pairs
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 /// The RocketMQ target: the properties survive the wire format unchanged (no value forges
 /// another property), and a RocketMQ source reading the message gets the event back.
 fn check_rocketmq(envelope: &Envelope, event: &Event) {
@@ -228,18 +247,9 @@ fn check_rocketmq(envelope: &Envelope, event: &Event) {
         Err(e) => panic!("RocketMQ cannot send an accepted event: {e}"),
     };
     let mut message = encoded.message;
-    let sent: BTreeMap<String, String> = message
-        .properties()
-        .as_map()
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let text = rocketmq_model::codec::message_properties_to_string(message.properties().as_map());
-    let wire = rocketmq_model::codec::string_to_message_properties(Some(&text));
-    let received: BTreeMap<String, String> = wire
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let sent = string_map(message.properties().as_map());
+    through_the_wire(&mut message);
+    let received = string_map(message.properties().as_map());
     assert_eq!(
         received, sent,
         "the properties do not survive the wire format"
@@ -250,7 +260,6 @@ fn check_rocketmq(envelope: &Envelope, event: &Event) {
             "a separator in property {name:?}={value:?}"
         );
     }
-    message.set_properties(wire);
     let mut ext = rocketmq_model::common::message::message_ext::MessageExt::default();
     ext.set_message_inner(message);
     let Some(source) = rocketmq_source_config() else {
@@ -582,21 +591,12 @@ pub fn header_encode(data: &[u8]) {
         .raw_property("CE_x", property.into_owned())
         .and_then(|b| b.raw_property("CE_y", "after"))
         .and_then(|b| b.build());
-    let Ok(message) = message else {
+    let Ok(mut message) = message else {
         panic!("a message with property text cannot be built");
     };
-    let sent: BTreeMap<String, String> = message
-        .properties()
-        .as_map()
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let wire = rocketmq_model::codec::message_properties_to_string(message.properties().as_map());
-    let received: BTreeMap<String, String> =
-        rocketmq_model::codec::string_to_message_properties(Some(&wire))
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+    let sent = string_map(message.properties().as_map());
+    through_the_wire(&mut message);
+    let received = string_map(message.properties().as_map());
     assert_eq!(
         received, sent,
         "property text does not survive the wire format"
