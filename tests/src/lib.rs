@@ -417,6 +417,16 @@ impl Sluice {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
     }
 
+    /// `GET /metrics`: the Prometheus text.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(self.url("/metrics"))
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
     /// `GET /admin/cluster`: members, connector and task status (any replica answers).
     pub async fn cluster_view(&self) -> Value {
         reqwest::get(self.url("/admin/cluster"))

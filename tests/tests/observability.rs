@@ -159,14 +159,7 @@ async fn metrics_count_requests_appends_deliveries_and_report_lag_and_tasks() {
         assert_eq!(r.status(), 202);
     }
     let lag = || async {
-        let text = client
-            .get(sluice.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = sluice.metrics().await;
         sum(&text, "sluice_subscription_lag_events", sub)
     };
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -176,14 +169,7 @@ async fn metrics_count_requests_appends_deliveries_and_report_lag_and_tasks() {
     }
     // In seconds: the age of the oldest event not delivered, growing while paused.
     let lag_seconds = || async {
-        let text = client
-            .get(sluice.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = sluice.metrics().await;
         text.lines()
             .filter(|l| l.starts_with("sluice_subscription_lag_seconds{") && l.contains(sub))
             .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))

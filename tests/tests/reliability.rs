@@ -792,14 +792,7 @@ async fn a_stuck_subscription_skips_what_is_older_than_the_max_backlog_age() {
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let text = client
-            .get(sluice.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = sluice.metrics().await;
         let (p, f) = (
             metric(&text, "aging/paused/t"),
             metric(&text, "aging/failing/t"),
