@@ -565,6 +565,7 @@ impl Shared {
             if record.seq < d.cursor {
                 continue;
             }
+            let mut record_decoded: Option<usize> = None;
             let event = if bus.needs_decode {
                 match cloudevent::decode(&record.payload) {
                     Ok(event) => Some(event),
@@ -612,7 +613,17 @@ impl Shared {
                         event.as_ref(),
                     ) {
                         lane.sub.delivery.metrics().matched.inc();
-                        let bytes = envelope_bytes(&envelope);
+                        // The record's decoded size is estimated once, whatever the number
+                        // of lanes taking it as stored.
+                        let bytes = if envelope.event.is_some()
+                            && envelope.raw.as_ptr() == record.payload.as_ptr()
+                        {
+                            let decoded = *record_decoded
+                                .get_or_insert_with(|| decoded_bytes(&record.payload));
+                            envelope_size(&envelope, decoded)
+                        } else {
+                            envelope_bytes(&envelope)
+                        };
                         self.queued.fetch_add(bytes, Ordering::Relaxed);
                         st.queued += bytes;
                         st.queue.push_back(Queued {
@@ -1064,6 +1075,11 @@ fn envelope_bytes(envelope: &Envelope) -> usize {
     } else {
         0
     };
+    envelope_size(envelope, decoded)
+}
+
+/// `envelope_bytes` with the decoded event's size already known.
+fn envelope_size(envelope: &Envelope, decoded: usize) -> usize {
     envelope.raw.len() + decoded + envelope.body.as_ref().map_or(0, |b| b.bytes.len()) + 128
 }
 
