@@ -224,20 +224,39 @@ impl Delivery {
     /// Cancelling it (dropping the future) is safe: the position has not moved, so the batch
     /// is delivered again later (at least once).
     pub async fn deliver(&self, events: &[Envelope]) {
-        let span = tracing::info_span!(
-            "deliver",
-            subscription = %self.subscription,
-            rule = %self.rule,
-            target = %self.target.describe(),
-            events = events.len(),
-            traceparent = tracing::field::Empty,
-            trace_links = tracing::field::Empty
-        );
-        #[cfg(feature = "otlp")]
-        if crate::otlp::enabled() {
-            trace_context(&span, events);
+        macro_rules! deliver_span {
+            ($span:ident) => {
+                tracing::$span!(
+                    "deliver",
+                    subscription = %self.subscription,
+                    rule = %self.rule,
+                    target = %self.target.describe(),
+                    events = events.len(),
+                    traceparent = tracing::field::Empty,
+                    trace_links = tracing::field::Empty
+                )
+            };
         }
-        tracing::Instrument::instrument(self.deliver_batch(events), span).await;
+        // The span is exported at INFO while tracing export is on; otherwise it is a DEBUG
+        // span for the logs: with thousands of subscriptions an event is often a delivery
+        // of its own, and an INFO span per delivery (allocated and formatted for the log
+        // layer) would cost more than the delivery. Failures are logged with the
+        // subscription and target whatever the level.
+        #[cfg(feature = "otlp")]
+        let span = if crate::otlp::enabled() {
+            let span = deliver_span!(info_span);
+            trace_context(&span, events);
+            span
+        } else {
+            deliver_span!(debug_span)
+        };
+        #[cfg(not(feature = "otlp"))]
+        let span = deliver_span!(debug_span);
+        if span.is_disabled() {
+            self.deliver_batch(events).await;
+        } else {
+            tracing::Instrument::instrument(self.deliver_batch(events), span).await;
+        }
         self.settled();
     }
 

@@ -32,7 +32,7 @@ pub mod delivery;
 pub mod rebalance;
 mod shard;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -78,6 +78,8 @@ pub struct BusPlan {
     pub name: String,
     pub log: Arc<dyn BusLog>,
     pub subscriptions: Vec<Arc<Subscription>>,
+    /// The names of `subscriptions` (what a shard's positions record as known).
+    pub known: Arc<BTreeSet<String>>,
     /// Rule id (as given to the index) → positions in `subscriptions`.
     rules: Vec<Vec<usize>>,
     /// Rule ids whose condition matches every event (also used for events that do not
@@ -137,6 +139,7 @@ impl BusPlan {
         BusPlan {
             name: name.to_string(),
             log,
+            known: Arc::new(subscriptions.iter().map(|s| s.name.clone()).collect()),
             subscriptions,
             rules: by_rule,
             match_all,

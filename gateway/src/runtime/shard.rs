@@ -19,7 +19,7 @@
 //! plus the few lanes that differ (`GroupPositions`). Committing them costs the same with
 //! ten rules as with ten thousand.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -385,7 +385,7 @@ impl ShardTask {
             for sub in &bus.subscriptions {
                 if let Some(p) = self.positions.load(&sub.id, self.shard).await? {
                     group.own.insert(sub.name.clone(), p);
-                    group.known.insert(sub.name.clone());
+                    Arc::make_mut(&mut group.known).insert(sub.name.clone());
                 }
             }
             if !group.own.is_empty() {
@@ -524,20 +524,19 @@ impl Shared {
     fn positions(&self) -> (String, GroupPositions) {
         let d = lock(&self.dispatch);
         let mut own = BTreeMap::new();
-        let mut known = BTreeSet::new();
         for lane in &d.lanes {
             let p = Lane::position(&lock(&lane.state), d.cursor);
             if p != d.cursor {
                 own.insert(lane.sub.name.clone(), p);
             }
-            known.insert(lane.sub.name.clone());
         }
         (
             d.bus.name.clone(),
             GroupPositions {
                 shared: Some(d.cursor),
                 own,
-                known,
+                // The lanes are the plan's subscriptions.
+                known: d.bus.known.clone(),
             },
         )
     }
@@ -1473,10 +1472,20 @@ impl LaneTask {
         if events.is_empty() {
             return true;
         }
+        if !self.shared.leased() {
+            return false;
+        }
         let deliver = self.lane.sub.delivery.deliver(events);
         tokio::pin!(deliver);
+        // Most deliveries to a quick target are done on their first poll: no timer for them.
+        if futures_util::FutureExt::now_or_never(&mut deliver).is_some() {
+            return true;
+        }
         let mut stop = self.shared.stop.clone();
-        let mut check = tokio::time::interval(Duration::from_millis(100));
+        let mut check = tokio::time::interval_at(
+            tokio::time::Instant::now() + Duration::from_millis(100),
+            Duration::from_millis(100),
+        );
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             if !self.shared.leased() {

@@ -6,6 +6,7 @@ pub mod embedded;
 pub mod redis;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -212,8 +213,9 @@ pub struct GroupPositions {
     /// Subscriptions (`{rule}/{target}`) whose position differs from `shared`.
     pub own: BTreeMap<String, Seq>,
     /// Every subscription that has a position in this shard. A subscription of the bus that
-    /// is not here is new: it starts at the end of the shard.
-    pub known: BTreeSet<String>,
+    /// is not here is new: it starts at the end of the shard. Shared with the bus's plan,
+    /// so a commit does not copy (or compare) a list as long as the bus's rules.
+    pub known: Arc<BTreeSet<String>>,
 }
 
 impl GroupPositions {

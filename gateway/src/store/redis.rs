@@ -744,11 +744,13 @@ fn parse_group(fields: HashMap<String, String>) -> Result<GroupPositions, StoreE
         match field.as_str() {
             SHARED_FIELD => group.shared = Some(number(&field, &value)?),
             KNOWN_FIELD => {
-                group.known = value
-                    .split('\n')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_string)
-                    .collect();
+                group.known = Arc::new(
+                    value
+                        .split('\n')
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string)
+                        .collect(),
+                );
             }
             _ => {
                 let seq = number(&field, &value)?;
@@ -1443,10 +1445,12 @@ mod tests {
             own: [("a/t".to_string(), 3), ("b/t".to_string(), 5)]
                 .into_iter()
                 .collect(),
-            known: ["a/t", "b/t", "c/t"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            known: Arc::new(
+                ["a/t", "b/t", "c/t"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+            ),
         };
         let to = GroupPositions {
             shared: Some(20),

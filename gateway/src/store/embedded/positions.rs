@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
@@ -36,7 +36,7 @@ struct StoredGroup {
 }
 
 type Groups = BTreeMap<String, StoredGroup>;
-type Known = BTreeMap<String, BTreeSet<String>>;
+type Known = BTreeMap<String, Arc<BTreeSet<String>>>;
 
 /// One file's content now and as last written, with change generations so a flush writes
 /// only what moved and never lets an older snapshot overwrite a newer one.
@@ -299,7 +299,7 @@ mod tests {
         let group = GroupPositions {
             shared: Some(40),
             own: [("slow/t".to_string(), 12)].into_iter().collect(),
-            known: ["fast/t", "slow/t"].iter().map(|s| s.to_string()).collect(),
+            known: Arc::new(["fast/t", "slow/t"].iter().map(|s| s.to_string()).collect()),
         };
         p.set_group("b", 0, group.clone());
         assert_eq!(p.committed_group("b", 0), None, "not before a flush");
