@@ -55,6 +55,8 @@ pub struct SluiceBuilder {
     shards: u32,
     limits: String,
     ttl: &'static str,
+    log: &'static str,
+    commit_interval: &'static str,
     extra: String,
     env: Vec<(String, String)>,
     data_dir: Option<PathBuf>,
@@ -103,6 +105,19 @@ impl SluiceBuilder {
         self
     }
 
+    /// The `log` filter (tests log the gateway at debug; benchmarks measure the default,
+    /// `info`).
+    pub fn log(mut self, filter: &'static str) -> Self {
+        self.log = filter;
+        self
+    }
+
+    /// `[delivery] commit_interval` (tests commit every 50 ms; benchmarks use the default).
+    pub fn commit_interval(mut self, interval: &'static str) -> Self {
+        self.commit_interval = interval;
+        self
+    }
+
     /// Lines added under `[limits]`.
     pub fn limits(mut self, lines: &str) -> Self {
         self.limits = lines.to_string();
@@ -134,7 +149,7 @@ impl SluiceBuilder {
             None => String::new(),
         };
         let text = format!(
-            r#"log = "info,sluice=debug"
+            r#"log = "{log}"
 durability = "{durability}"
 {mode}
 [cluster]
@@ -150,7 +165,7 @@ lease_ttl = "{ttl}"
 {limits}
 
 [delivery]
-commit_interval = "50ms"
+commit_interval = "{commit_interval}"
 initial_backoff = "20ms"
 max_backoff = "200ms"
 
@@ -165,6 +180,8 @@ shards = {shards}
             strategy = self.strategy,
             limits = self.limits,
             ttl = self.ttl,
+            log = self.log,
+            commit_interval = self.commit_interval,
             shards = self.shards,
             extra = self.extra,
             default_rule = if self.default_rule {
@@ -211,6 +228,8 @@ impl Sluice {
             shards: 4,
             limits: String::new(),
             ttl: "3s",
+            log: "info,sluice=debug",
+            commit_interval: "50ms",
             extra: String::new(),
             env: Vec::new(),
             data_dir: None,
@@ -542,6 +561,18 @@ impl Sluice {
 impl Drop for Sluice {
     fn drop(&mut self) {
         self.kill9();
+        // A failing test shows the end of the gateway's log (its directory goes with it).
+        if std::thread::panicking() {
+            let log = self.log();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines.len().saturating_sub(80);
+            eprintln!(
+                "--- the last {} lines of {} ---\n{}",
+                lines.len() - tail,
+                self.log_path().display(),
+                lines[tail..].join("\n")
+            );
+        }
     }
 }
 
