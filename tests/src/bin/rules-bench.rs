@@ -221,7 +221,7 @@ async fn main() {
         .unwrap_or(3)
         .max(1);
     // (mode, rules, per event) -> each round's delivered/s and ratio to that round's 1 rule.
-    let mut results: Vec<((&str, usize, usize), Vec<(f64, f64)>)> = Vec::new();
+    let mut results: Vec<(Config, Vec<(f64, f64)>)> = Vec::new();
     for round in 1..=rounds {
         println!("round {round} of {rounds}");
         for distributed in [false, true] {
@@ -278,6 +278,9 @@ async fn main() {
         );
     }
 }
+
+/// A benchmark configuration: mode, rules, rules per event.
+type Config = (&'static str, usize, usize);
 
 fn median(values: impl Iterator<Item = f64>) -> f64 {
     let mut v: Vec<f64> = values.collect();
