@@ -261,6 +261,17 @@ impl ShardTask {
             let start = bus.log.start(shard).await.unwrap_or(0);
             rolled_back(&self.id, &mut group, end, start);
         }
+        if group.shared.is_none() && end > 0 {
+            // Events, but no position was ever committed for the shard: its first run was
+            // stopped (a crash) before its first commit, or events came before any replica
+            // ran it. They were accepted for these subscriptions, so they are delivered
+            // (from the log's start), not skipped as a new subscription's would be.
+            let start = bus.log.start(shard).await.unwrap_or(0);
+            tracing::warn!(task = %self.id, from = start, end, "the shard has events but no committed positions; delivering them from the log's start");
+            group.shared = Some(start);
+            Arc::make_mut(&mut group.known)
+                .extend(bus.subscriptions.iter().map(|s| s.name.clone()));
+        }
         let cursor = group.shared.unwrap_or(end);
         let lanes: Vec<Arc<Lane>> = bus
             .subscriptions
@@ -298,6 +309,19 @@ impl ShardTask {
         tracing::info!(task = %self.id, from = cursor, end, subscriptions = bus.subscriptions.len(), "shard reader started");
         let mut recorded = 0;
         self.record(&shared, &mut recorded);
+        // A new subscription of a shard with committed positions starts at the end of the
+        // shard. That start is committed before anything is read for it: after a crash
+        // before that commit it would be new again and start at the then end, skipping every
+        // event accepted in between. (A shard with no committed positions at all starts at
+        // the log's start after such a crash: see above.)
+        let starts_new = group.shared.is_some()
+            && bus
+                .subscriptions
+                .iter()
+                .any(|s| group.of(&s.name).is_none());
+        if starts_new {
+            self.wait_committed(&bus).await;
+        }
 
         let mut reader = ReaderLoop {
             shared: shared.clone(),
@@ -394,6 +418,24 @@ impl ShardTask {
             }
         }
         Ok((group, end))
+    }
+
+    /// Waits until the shard's positions, with every subscription of `bus` known, are
+    /// committed (the commit loop's next tick), or the task stops.
+    async fn wait_committed(&self, bus: &BusPlan) {
+        loop {
+            let committed = self
+                .positions
+                .committed_group(&bus.name, self.shard)
+                .is_some_and(|g| {
+                    g.shared.is_some()
+                        && bus.subscriptions.iter().all(|s| g.known.contains(&s.name))
+                });
+            if committed || *self.stop.borrow() || !self.leased() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Waits out a backoff; true if the task should stop.
