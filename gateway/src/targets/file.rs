@@ -54,7 +54,8 @@ static OPEN_FILES: LazyLock<Mutex<OpenFiles>> = LazyLock::new(|| {
 /// line appended would be glued to it and lost to a reader of the file with it.
 fn end_last_line(path: &Path, file: &mut File) -> std::io::Result<()> {
     use std::io::{Read, Seek, SeekFrom};
-    if !file.metadata()?.is_file() || file.metadata()?.len() == 0 {
+    let meta = file.metadata()?;
+    if !meta.is_file() || meta.len() == 0 {
         return Ok(());
     }
     let mut last = [0u8; 1];
