@@ -139,3 +139,56 @@ async fn crash_with_os_durability_loses_no_acknowledged_event() {
     // A process crash (not a power loss) keeps what the OS already has.
     kill_under_load_then_restart("os").await;
 }
+
+/// Killed before the shard's first position commit (a one-hour commit interval stands in
+/// for a crash in the first moments of a new bus): the accepted events were not delivered
+/// yet (the receiver answered 503) and no position says where the subscription is. The
+/// restart delivers them all. It once took the subscription for a new one and started it at
+/// the end of the shard, skipping them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_before_the_first_commit_skips_nothing() {
+    use sluice_tests::receiver::{event_ids, Receiver, Reply};
+    let receiver = Receiver::start().await;
+    receiver.default_reply(Reply::Status(503));
+    let rule = format!(
+        "[[rules]]\nname = \"hook\"\nbus = \"default\"\n\n[[rules.targets]]\ntype = \"http\"\nname = \"hook\"\nurl = \"{}\"\ntimeout = \"2s\"\n",
+        receiver.url("/hook")
+    );
+    let mut sluice = Sluice::builder()
+        .without_default_rule()
+        .commit_interval("1h")
+        .extra(&rule)
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    let sent: Vec<String> = (0..20).map(|i| format!("early-{i}")).collect();
+    for id in &sent {
+        let r = binary(&client, &sluice.events_url(), id, r#"{"n":1}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::ACCEPTED);
+    }
+    // Delivery is being tried (and refused): the events sit in the lanes.
+    receiver
+        .wait_for(Duration::from_secs(10), |r| !r.is_empty())
+        .await;
+    sluice.kill9();
+    receiver.default_reply(Reply::Status(200));
+    sluice.restart().await;
+    receiver
+        .wait_for(Duration::from_secs(30), |r| {
+            let delivered: HashSet<String> = event_ids(
+                &r.iter()
+                    .filter(|r| r.status == 200)
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            )
+            .into_iter()
+            .collect();
+            sent.iter().all(|id| delivered.contains(id))
+        })
+        .await;
+    // It was the case above: no position had been committed.
+    assert!(sluice.log().contains("no committed positions"));
+}
