@@ -602,6 +602,8 @@ impl Shared {
         let bus = d.bus.clone();
         let limit = self.delivery.batch_size * LANE_QUEUE_BATCHES;
         let mut rules = Vec::new();
+        // Lanes that got events and had no task: run once the batch is handed out.
+        let mut ready = Vec::new();
         for record in records {
             if record.seq < d.cursor {
                 continue;
@@ -672,7 +674,9 @@ impl Shared {
                             envelope,
                             bytes,
                         });
-                        self.ensure_running(lane, &mut st);
+                        if self.claim(&mut st) {
+                            ready.push(lane.clone());
+                        }
                     }
                 }
             }
@@ -680,16 +684,54 @@ impl Shared {
         d.cursor = last + 1;
         drop(d);
         self.changed();
+        self.run_ready(ready);
+    }
+
+    /// Marks the lane's task as running unless it runs already or the lane is paused: true
+    /// when the caller is to run it.
+    fn claim(&self, st: &mut LaneState) -> bool {
+        if st.running || matches!(st.mode, Mode::Paused { .. }) {
+            return false;
+        }
+        st.running = true;
+        self.running_lanes.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// Starts the lane's task if it has none.
     fn ensure_running(self: &Arc<Self>, lane: &Arc<Lane>, st: &mut LaneState) {
-        if st.running || matches!(st.mode, Mode::Paused { .. }) {
-            return;
+        if self.claim(st) {
+            tokio::spawn(LaneTask::new(self.clone(), lane.clone()).run());
         }
-        st.running = true;
-        self.running_lanes.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(LaneTask::new(self.clone(), lane.clone()).run());
+    }
+
+    /// Runs the tasks of lanes that were just handed events (claimed) on the reader, as
+    /// long as each delivery is done on its first poll (a quick target such as a file with
+    /// durability `os`): with thousands of subscriptions an event is often a delivery of
+    /// its own, and a task spawned per delivery cost more than the delivery. A lane whose
+    /// delivery has to wait (a network target, a retry's backoff) goes on as a task of its
+    /// own from where it stopped, so a slow target still does not hold up the reader. Only
+    /// queued events are delivered here: a lane of the shared path that falls behind is
+    /// switched to catching up by the reader, which starts a task for it.
+    ///
+    /// Writes to files are combined over the pass (`combine_writes`): the lanes' first
+    /// deliveries wait for one write per file at the end of it, and are then polled again.
+    fn run_ready(self: &Arc<Self>, ready: Vec<Arc<Lane>>) {
+        let mut waiting = Vec::new();
+        {
+            let _combine = crate::targets::combine_writes();
+            for lane in ready {
+                let mut task = Box::pin(LaneTask::new(self.clone(), lane).run());
+                if futures_util::FutureExt::now_or_never(&mut task).is_none() {
+                    waiting.push(task);
+                }
+            }
+        }
+        for mut task in waiting {
+            if futures_util::FutureExt::now_or_never(&mut task).is_none() {
+                tokio::spawn(task);
+            }
+        }
     }
 
     /// Starts the tasks of lanes that have work without the reader (catching up).
@@ -1275,8 +1317,18 @@ struct LaneTask {
 }
 
 enum Work {
-    Queued { items: Vec<Queued>, epoch: u64 },
-    CatchUp { next: Seq, epoch: u64 },
+    /// Events [first, end) taken off the queue, holding `bytes` of the shard's queue.
+    Queued {
+        events: Vec<Envelope>,
+        first: Seq,
+        end: Seq,
+        bytes: usize,
+        epoch: u64,
+    },
+    CatchUp {
+        next: Seq,
+        epoch: u64,
+    },
 }
 
 impl LaneTask {
@@ -1298,12 +1350,15 @@ impl LaneTask {
                 return;
             };
             match work {
-                Work::Queued { items, epoch } => {
-                    let first = items.first().map_or(0, |q| q.seq);
-                    let end = items.last().map_or(0, |q| q.seq + 1);
-                    let bytes: usize = items.iter().map(|q| q.bytes).sum();
-                    let envelopes: Vec<Envelope> = items.into_iter().map(|q| q.envelope).collect();
-                    let done = self.deliver(&envelopes, epoch).await;
+                Work::Queued {
+                    events,
+                    first,
+                    end,
+                    bytes,
+                    epoch,
+                } => {
+                    let done = self.deliver(&events, epoch).await;
+                    drop(events);
                     self.shared.release(bytes);
                     self.finish(first, end, epoch, done);
                     // Not done and not stopping: paused, restarted or replaced meanwhile;
@@ -1350,14 +1405,24 @@ impl LaneTask {
                 bytes += q.bytes;
                 n += 1;
             }
-            let items: Vec<Queued> = st.queue.drain(..n).collect();
-            st.queued -= items.iter().map(|q| q.bytes).sum::<usize>();
-            let first = items.first().map_or(0, |q| q.seq);
-            let end = items.last().map_or(0, |q| q.seq + 1);
+            let mut events = Vec::with_capacity(n);
+            let (mut first, mut end, mut bytes) = (0, 0, 0);
+            for (i, q) in st.queue.drain(..n).enumerate() {
+                if i == 0 {
+                    first = q.seq;
+                }
+                end = q.seq + 1;
+                bytes += q.bytes;
+                events.push(q.envelope);
+            }
+            st.queued -= bytes;
             st.in_flight = Some((first, end));
-            st.in_flight_accepted = items.first().map_or(0, |q| q.envelope.accepted_ms);
+            st.in_flight_accepted = events.first().map_or(0, |e| e.accepted_ms);
             return Some(Work::Queued {
-                items,
+                events,
+                first,
+                end,
+                bytes,
                 epoch: st.epoch,
             });
         }
@@ -1523,6 +1588,14 @@ impl LaneTask {
         if futures_util::FutureExt::now_or_never(&mut deliver).is_some() {
             return true;
         }
+        if crate::targets::combining() {
+            // A write deferred to the end of the reader's pass (`run_ready`): done when the
+            // reader polls again after it, still without a timer.
+            YieldOnce(false).await;
+            if futures_util::FutureExt::now_or_never(&mut deliver).is_some() {
+                return true;
+            }
+        }
         let mut stop = self.shared.stop.clone();
         let mut check = tokio::time::interval_at(
             tokio::time::Instant::now() + Duration::from_millis(100),
@@ -1547,6 +1620,25 @@ impl LaneTask {
                 }
             }
         }
+    }
+}
+
+/// `Pending` once (waking its task, which is then polled again), then `Ready`.
+struct YieldOnce(bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
     }
 }
 

@@ -22,7 +22,7 @@ use crate::config::{Config, TargetConfig};
 use crate::ingress::cloudevent;
 use crate::store::BusLog;
 
-pub use file::FileTarget;
+pub use file::{combine_writes, combining, CombineGuard, FileTarget};
 pub use log::LogTarget;
 
 /// A failed delivery. `retryable` says whether trying the same events again may succeed;
