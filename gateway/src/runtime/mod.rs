@@ -16,11 +16,14 @@
 //! Inside a shard task (see `shard`), one reader reads and decodes each event once, asks the
 //! bus's compiled rule index which subscriptions match, and hands the event to those
 //! subscriptions' lanes. Each lane delivers in order with its own transform chain, retry
-//! and dead-letter policy and its own position. A lane whose target is slow does not hold
-//! up the reader: once its queue is full it leaves the shared path, reads the log on its
-//! own from its position until it has caught up with the reader, and then rejoins. When
-//! the lanes of a shard are behind together (a busy machine, not one slow target), the
-//! reader waits for them instead, so the log is not read once per lane.
+//! and dead-letter policy and its own position. The reader runs the lanes it just handed
+//! events itself while their deliveries are done on the first poll (one task per delivery
+//! cost more than a delivery to a file), combining their file writes into one per file;
+//! a delivery that has to wait goes on in a task of its own. A lane whose target is slow
+//! does not hold up the reader: once its queue is full it leaves the shared path, reads
+//! the log on its own from its position until it has caught up with the reader, and then
+//! rejoins. When the lanes of a shard are behind together (a busy machine, not one slow
+//! target), the reader waits for them instead, so the log is not read once per lane.
 //!
 //! A rule change rebuilds the bus's index and is applied to the running shard tasks of
 //! that bus in place: unchanged subscriptions keep their lanes and queues, changed ones

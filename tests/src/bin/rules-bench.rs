@@ -11,8 +11,8 @@
 //!
 //! The gateway runs with its default log level (`info`) and commit interval (200 ms), as
 //! deployed. The machine is noisy, so every configuration runs `ROUNDS` times (default 3),
-//! the rounds one after the other, and each figure is compared with the one-rule figure of
-//! its own round; the summary gives the medians.
+//! the rounds one after the other (every other round in reverse order), and each figure is
+//! compared with the one-rule figure of its own round; the summary gives the medians.
 //!
 //! Uses the machine's Redis (127.0.0.1:6379, or SLUICE_E2E_REDIS); run it alone on the
 //! machine, since idle figures count every Redis command. `EVENTS` (default 200000: runs
@@ -278,27 +278,29 @@ async fn main() {
             } else {
                 "standalone"
             };
-            let mut first = None;
-            for &rules in &counts {
-                for per_event in per_events.iter().copied() {
-                    if per_event > rules {
-                        continue;
-                    }
-                    // Ten deliveries per event: a fifth of the events still makes twice the
-                    // deliveries (and file) of the one-rule-per-event runs.
-                    let posted = if per_event > 1 { events / 5 } else { events };
-                    let f = run(distributed, rules, per_event, posted).await;
-                    if per_event == 1 && first.is_none() {
-                        first = Some(f.delivered_per_sec);
-                    }
-                    let ratio = f.delivered_per_sec / first.unwrap_or(f.delivered_per_sec);
-                    let key = (mode, rules, per_event);
-                    match results.iter_mut().find(|(k, _)| *k == key) {
-                        Some((_, runs)) => runs.push((f.delivered_per_sec, ratio)),
-                        None => results.push((key, vec![(f.delivered_per_sec, ratio)])),
-                    }
-                    println!(
-                    "{:<12} {:>6} {:>9} {:>10.2} {:>14.0} {:>6} {:>9.1} {:>9.2} {:>12}  ({:.2}x of 1 rule; {} leases lost)",
+            let mut configs: Vec<(usize, usize)> = counts
+                .iter()
+                .flat_map(|&rules| {
+                    per_events
+                        .iter()
+                        .filter(move |&&per_event| per_event <= rules)
+                        .map(move |&per_event| (rules, per_event))
+                })
+                .collect();
+            // Every other round runs the configurations in reverse, so that whatever builds
+            // up over a round (dirty pages of the files written, allocator and page-cache
+            // state) does not always weigh on the same ones.
+            if round % 2 == 0 {
+                configs.reverse();
+            }
+            let mut figures = Vec::new();
+            for (rules, per_event) in configs {
+                // Ten deliveries per event: a fifth of the events still makes twice the
+                // deliveries (and file) of the one-rule-per-event runs.
+                let posted = if per_event > 1 { events / 5 } else { events };
+                let f = run(distributed, rules, per_event, posted).await;
+                println!(
+                    "{:<12} {:>6} {:>9} {:>10.2} {:>14.0} {:>6} {:>9.1} {:>9.2} {:>12}  ({} leases lost)",
                     mode,
                     rules,
                     per_event,
@@ -308,9 +310,24 @@ async fn main() {
                     f.rss_mib,
                     f.idle_cpu,
                     f.idle_redis.map_or("-".to_string(), |r| format!("{r:.1}")),
-                    ratio,
                     f.lost_leases,
                 );
+                figures.push((rules, per_event, f.delivered_per_sec));
+            }
+            // Each figure against the fewest rules' one-rule-per-event figure of this round.
+            let base = figures
+                .iter()
+                .filter(|(_, per_event, _)| *per_event == 1)
+                .min_by_key(|(rules, _, _)| *rules)
+                .map(|(_, _, d)| *d);
+            figures.sort_by_key(|(rules, per_event, _)| (*rules, *per_event));
+            for (rules, per_event, delivered) in figures {
+                let ratio = delivered / base.unwrap_or(delivered);
+                println!("{mode:<12} {rules:>6} {per_event:>9}  {ratio:.2}x of 1 rule");
+                let key = (mode, rules, per_event);
+                match results.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, runs)) => runs.push((delivered, ratio)),
+                    None => results.push((key, vec![(delivered, ratio)])),
                 }
             }
         }
