@@ -132,6 +132,9 @@ struct TableBuilder {
 struct Alternative {
     rule_id: usize,
     conditions: Vec<FieldCondition>,
+    /// One condition of exact values only (`type = ["a", "b"]`, the most common rule):
+    /// its anchor's table hit is the condition holding, so it is not evaluated again.
+    exact: bool,
 }
 
 /// Per-path lookup tables.
@@ -351,9 +354,15 @@ impl RuleIndexBuilder {
             for m in &anchor.matchers {
                 t.register(m, alt_id as CondId);
             }
+            let exact = conds.len() == 1
+                && anchor
+                    .matchers
+                    .iter()
+                    .all(|m| matches!(m, Matcher::Exact(_)));
             alternatives.push(Alternative {
                 rule_id: *rule_id,
                 conditions: conds.clone(),
+                exact,
             });
         }
 
@@ -543,7 +552,7 @@ impl Run<'_, '_, '_, '_> {
         }
         *stamp = epoch;
         if let Some(alt) = self.index.alternatives.get(a as usize) {
-            if conjunction_matches(&alt.conditions, self.view) {
+            if alt.exact || conjunction_matches(&alt.conditions, self.view) {
                 self.out.push(alt.rule_id);
             }
         }
