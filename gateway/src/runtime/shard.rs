@@ -717,6 +717,9 @@ impl Shared {
     /// Writes to files are combined over the pass (`combine_writes`): the lanes' first
     /// deliveries wait for one write per file at the end of it, and are then polled again.
     fn run_ready(self: &Arc<Self>, ready: Vec<Arc<Lane>>) {
+        if ready.is_empty() {
+            return;
+        }
         let mut waiting = Vec::new();
         {
             let _combine = crate::targets::combine_writes();

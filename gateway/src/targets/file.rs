@@ -73,8 +73,8 @@ fn end_last_line(path: &Path, file: &mut File) -> std::io::Result<()> {
 }
 
 /// The file at `path`, opened for appending, shared with the other targets writing to it.
-/// Each write is one whole batch on an `O_APPEND` descriptor, so sharing changes nothing a
-/// reader of the file can see.
+/// Each write is one or more whole batches (see [`combine_writes`]) on an `O_APPEND`
+/// descriptor, so sharing changes nothing a reader of the file can see.
 fn shared_file(path: &Path) -> Result<Arc<Mutex<File>>, TargetError> {
     let mut open = OPEN_FILES.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(file) = open.files.get(path).and_then(Weak::upgrade) {
@@ -102,6 +102,11 @@ fn shared_file(path: &Path) -> Result<Arc<Mutex<File>>, TargetError> {
         open.sweep_at = (open.files.len() * 2).max(64);
     }
     Ok(file)
+}
+
+/// Why a write failed, the same for a delivery's own write and a combined one.
+fn write_failed(path: &Path, e: &std::io::Error) -> String {
+    format!("cannot write {}: {e}", path.display())
 }
 
 /// Writes deferred on this thread while a caller delivers for several subscriptions in a
@@ -204,7 +209,7 @@ impl Drop for CombineGuard {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .write_all(&d.lines)
-                .map_err(|e| format!("cannot write {}: {e}", d.path.display()));
+                .map_err(|e| write_failed(&d.path, &e));
             d.written.set(result);
         }
     }
@@ -244,9 +249,8 @@ impl FileTarget {
 impl Target for FileTarget {
     async fn deliver(&self, events: &[Envelope]) -> Result<(), TargetError> {
         let lines = json_lines(events);
-        let failed = |path: &Path, e: std::io::Error| {
-            TargetError::retryable(format!("cannot write {}: {e}", path.display()))
-        };
+        let failed =
+            |path: &Path, e: std::io::Error| TargetError::retryable(write_failed(path, &e));
         if self.durability == Durability::Os {
             if let Some(written) = self.defer(&lines) {
                 return written.await.map_err(TargetError::retryable);
