@@ -191,7 +191,8 @@ console-check: redis
 	free_port() { while :; do p=$$((20000 + RANDOM % 20000)); (exec 3<>/dev/tcp/127.0.0.1/$$p) 2>/dev/null || { echo $$p; return; }; done; }; \
 	port1=$$(free_port); port2=$$(free_port); while [ $$port2 = $$port1 ]; do port2=$$(free_port); done; \
 	printf '%s\n' 'mode = "distributed"' 'redis_url = "redis://127.0.0.1:6379/"' "redis_prefix = \"$$prefix\"" \
-		'durability = "os"' 'log = "warn"' '[cluster]' 'member_ttl = "3s"' 'lease_ttl = "3s"' \
+		'durability = "os"' 'log = "warn"' '[admin]' 'allow_local_without_token = true' \
+		'[cluster]' 'member_ttl = "3s"' 'lease_ttl = "3s"' \
 		'[[buses]]' 'name = "default"' 'shards = 2' \
 		'[[rules]]' 'name = "all-events"' 'bus = "default"' \
 		'[[rules.targets]]' 'type = "file"' 'name = "delivered"' 'path = "{data_dir}/delivered.jsonl"' \

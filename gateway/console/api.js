@@ -26,8 +26,10 @@ export class ApiError extends Error {
     return typeof this.problem.pointer === "string" ? this.problem.pointer : null;
   }
 
+  /** Credentials would help: not a refusal of where the request came from (host, origin). */
   get isAuth() {
-    return this.status === 401 || this.status === 403;
+    const where = ["host", "origin", "sec-fetch-site", "content-type"].includes(this.problem.field);
+    return this.status === 401 || (this.status === 403 && !where);
   }
 }
 

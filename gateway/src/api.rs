@@ -10,9 +10,13 @@
 //! checks; a refusal is problem+json naming the field by JSON pointer.
 //!
 //! Credentials: a bearer token whose SHA-256 is in `admin.tokens` (or the token in
-//! `SLUICE_ADMIN_TOKEN`). With none configured the admin API answers only clients on
-//! loopback. `/api/v1/openapi.json` and `/api/v1/scaling` (read by autoscalers) are open,
-//! like `/metrics`.
+//! `SLUICE_ADMIN_TOKEN`). With none configured the gateway generates one (kept in
+//! `{data_dir}/admin-token`, printed at start-up), unless `admin.allow_local_without_token`
+//! lets loopback clients in without one (never through a proxy). Before the credentials,
+//! `guard` refuses what a browser could send cross-site: a foreign `Host` (DNS
+//! rebinding), and for state-changing requests a foreign `Origin` or `Sec-Fetch-Site` and a
+//! body that is not JSON. `/api/v1/openapi.json` and `/api/v1/scaling` (read by
+//! autoscalers) are open, like `/metrics`.
 
 // Handlers return `Result<_, Problem>` and answer with the problem as is: one per admin
 // request, off every hot path, so it is not boxed.
@@ -46,23 +50,35 @@ pub const OPENAPI: &str = include_str!("../../schemas/openapi.json");
 /// The largest admin request body.
 const MAX_BODY: usize = 1024 * 1024;
 
-/// Who may use the admin API.
+/// Who may use the admin API, and from where (`Host`, `Origin`).
 #[derive(Debug, Default)]
 pub struct AdminAuth {
     /// SHA-256 of each accepted token.
     hashes: Vec<[u8; 32]>,
+    /// `admin.allow_local_without_token` (only meaningful without tokens).
+    allow_local: bool,
+    /// `admin.allowed_hosts`, lowercased; `*` is kept as `any_host`.
+    allowed_hosts: Vec<String>,
+    any_host: bool,
+    /// `admin.allowed_origins`, lowercased, without a trailing slash.
+    allowed_origins: Vec<String>,
     /// The cluster's assignment strategy, reported by `/api/v1/cluster`.
     pub strategy: String,
     /// Events per delivery of a replay (`delivery.batch_size`).
     pub replay_batch: usize,
 }
 
+/// The file, in the data directory, holding the token generated when none is configured.
+pub const TOKEN_FILE: &str = "admin-token";
+
 impl AdminAuth {
-    /// From `[admin]` and `SLUICE_ADMIN_TOKEN`.
+    /// From `[admin]` and `SLUICE_ADMIN_TOKEN`. With no token and no local opt-in, a
+    /// token is generated (or read back) in `{data_dir}/admin-token` and printed.
     pub fn from_config(
         config: &AdminConfig,
         strategy: &str,
         replay_batch: usize,
+        data_dir: &std::path::Path,
     ) -> Result<AdminAuth, String> {
         let mut hashes = Vec::new();
         for (i, token) in config.tokens.iter().enumerate() {
@@ -73,11 +89,52 @@ impl AdminAuth {
                 hashes.push(Sha256::digest(token.as_bytes()).into());
             }
         }
-        if hashes.is_empty() {
+        let mut allowed_hosts = Vec::new();
+        let mut any_host = false;
+        for (i, host) in config.allowed_hosts.iter().enumerate() {
+            let host = host.trim().to_ascii_lowercase();
+            if host == "*" {
+                any_host = true;
+            } else if host.is_empty() || split_host(&host).is_none() {
+                return Err(format!(
+                    "admin.allowed_hosts[{i}]: `{host}` is not `host`, `host:port` or `*`"
+                ));
+            } else {
+                allowed_hosts.push(host);
+            }
+        }
+        let mut allowed_origins = Vec::new();
+        for (i, origin) in config.allowed_origins.iter().enumerate() {
+            let origin = normal_origin(origin);
+            if origin_authority(&origin).is_none() {
+                return Err(format!(
+                    "admin.allowed_origins[{i}]: `{origin}` is not an origin such as `https://console.example.com`"
+                ));
+            }
+            allowed_origins.push(origin);
+        }
+        if hashes.is_empty() && config.allow_local_without_token {
             tracing::warn!(
-                "the admin API has no token (admin.tokens or SLUICE_ADMIN_TOKEN): it answers only clients on loopback"
+                "the admin API has no token and admin.allow_local_without_token is set: every process on this host (and any proxy on it) can change the catalog"
+            );
+        } else if hashes.is_empty() {
+            let path = data_dir.join(TOKEN_FILE);
+            let token = generated_token(&path).map_err(|e| {
+                format!(
+                    "cannot keep a generated admin token in {}: {e}",
+                    path.display()
+                )
+            })?;
+            hashes.push(Sha256::digest(token.as_bytes()).into());
+            // Printed like Jupyter's: the operator who started the process reads it here.
+            tracing::warn!(
+                file = %path.display(),
+                "the admin API has no configured token (admin.tokens or SLUICE_ADMIN_TOKEN), so it uses this generated one: `sluice ctl --token {token} ...`, or paste it into the console"
             );
         } else {
+            if config.allow_local_without_token {
+                tracing::info!("admin.allow_local_without_token is ignored: a token is configured");
+            }
             tracing::info!(
                 tokens = hashes.len(),
                 "the admin API requires a bearer token"
@@ -85,6 +142,10 @@ impl AdminAuth {
         }
         Ok(AdminAuth {
             hashes,
+            allow_local: config.allow_local_without_token,
+            allowed_hosts,
+            any_host,
+            allowed_origins,
             strategy: strategy.to_string(),
             replay_batch,
         })
@@ -123,14 +184,310 @@ pub fn hash_token(token: &str) -> String {
     format!("sha256:{hex}")
 }
 
+/// The token kept in `path`, or a new one (32 bytes from the operating system's CSPRNG, as
+/// hex) written there readable by the owner only: stable across restarts, so `sluice ctl`
+/// and an open console keep working.
+fn generated_token(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Write as _;
+    match std::fs::read_to_string(path) {
+        Ok(text) if !text.trim().is_empty() => {
+            restrict(path)?;
+            return Ok(text.trim().to_string());
+        }
+        Ok(_) => std::fs::remove_file(path)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(path)?;
+    file.write_all(format!("{token}\n").as_bytes())?;
+    file.sync_all()?;
+    Ok(token)
+}
+
+/// Makes a secret file readable by its owner only (it may predate this version).
+fn restrict(path: &std::path::Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(path)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o700))?;
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
+}
+
+/// `(name, port)` of a `Host` value (`name`, `name:port`, `[v6]`, `[v6]:port`), the name
+/// lowercased and without a trailing dot; `None` when it is not one.
+fn split_host(host: &str) -> Option<(String, Option<u16>)> {
+    let host = host.trim();
+    let (name, port) = if let Some(rest) = host.strip_prefix('[') {
+        let (inside, after) = rest.split_once(']')?;
+        let port = match after {
+            "" => None,
+            _ => Some(after.strip_prefix(':')?),
+        };
+        (format!("[{inside}]"), port)
+    } else {
+        match host.rsplit_once(':') {
+            // A bare IPv6 address is not a `Host` (it needs brackets).
+            Some((name, _)) if name.contains(':') => return None,
+            Some((name, port)) => (name.to_string(), Some(port)),
+            None => (host.to_string(), None),
+        }
+    };
+    let port = match port {
+        Some(p) => Some(p.parse::<u16>().ok()?),
+        None => None,
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    let valid = !name.is_empty()
+        && name.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'[' | b']' | b':')
+        });
+    valid.then_some((name, port))
+}
+
+/// The address a `Host` name stands for, if it is an IP literal.
+fn host_ip(name: &str) -> Option<std::net::IpAddr> {
+    name.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::IpAddr>()
+        .ok()
+        .map(|ip| ip.to_canonical())
+}
+
+/// An origin as compared: lowercased, without a trailing slash.
+fn normal_origin(origin: &str) -> String {
+    origin.trim().trim_end_matches('/').to_ascii_lowercase()
+}
+
+/// `(scheme, host, port)` of a normalized origin (`http://host[:port]`, nothing after),
+/// the port defaulted from the scheme.
+fn origin_authority(origin: &str) -> Option<(&str, String, u16)> {
+    let (scheme, authority) = origin.split_once("://")?;
+    let default = match scheme {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    if authority.contains(['/', '?', '#', '@']) {
+        return None;
+    }
+    let (name, port) = split_host(authority)?;
+    Some((scheme, name, port.unwrap_or(default)))
+}
+
+/// The request's `Host` (or the HTTP/2 `:authority`).
+fn request_host(request: &Request) -> Option<String> {
+    request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| request.uri().authority().map(|a| a.as_str().to_string()))
+}
+
+/// The address the request came in on (set by `server::serve`).
+#[derive(Debug, Clone, Copy)]
+pub struct LocalAddr(pub SocketAddr);
+
+impl AdminAuth {
+    /// Whether the admin API answers a request naming `host`, which came in on `local`.
+    /// The listen address, loopback names and `admin.allowed_hosts` are answered; with a
+    /// token and no `allowed_hosts`, any name (the token defeats DNS rebinding).
+    fn host_allowed(&self, host: Option<&str>, local: Option<SocketAddr>) -> bool {
+        if self.any_host || (!self.hashes.is_empty() && self.allowed_hosts.is_empty()) {
+            return true;
+        }
+        // Browsers always send one; a client that does not is not a page being rebound.
+        let Some(host) = host else { return true };
+        let Some((name, port)) = split_host(host) else {
+            return false;
+        };
+        let listed = self.allowed_hosts.iter().any(|allowed| {
+            allowed == &name || port.is_some_and(|p| *allowed == format!("{name}:{p}"))
+        });
+        if listed {
+            return true;
+        }
+        let port_ok = match local {
+            Some(local) => port.unwrap_or(80) == local.port(),
+            None => true,
+        };
+        let local_name = name == "localhost"
+            || host_ip(&name).is_some_and(|ip| {
+                ip.is_loopback() || local.is_some_and(|l| l.ip().to_canonical() == ip)
+            });
+        port_ok && local_name
+    }
+
+    /// Whether `origin` may send state-changing requests: the admin API's own origin (the
+    /// console served with it) or one of `admin.allowed_origins`.
+    fn origin_allowed(&self, origin: &str, host: Option<&str>) -> bool {
+        let origin = normal_origin(origin);
+        if self.origin_listed(&origin) {
+            return true;
+        }
+        let (Some((scheme, name, port)), Some((host_name, host_port))) =
+            (origin_authority(&origin), host.and_then(split_host))
+        else {
+            return false;
+        };
+        // The scheme is not compared: behind a proxy that ends TLS the gateway sees http
+        // while the page is https; an attacker's page at the same host is the same site.
+        let default = if scheme == "https" { 443 } else { 80 };
+        name == host_name && port == host_port.unwrap_or(default)
+    }
+
+    fn origin_listed(&self, origin: &str) -> bool {
+        let origin = normal_origin(origin);
+        self.allowed_origins.contains(&origin)
+    }
+}
+
+/// Headers a proxy adds: a request carrying one did not come from the peer's own process.
+const PROXY_HEADERS: [&str; 4] = ["forwarded", "x-forwarded-for", "x-real-ip", "via"];
+
+/// Body types the admin API reads: JSON (`sluice ctl` converts TOML and YAML files to it).
+fn json_type(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || essence
+            .strip_prefix("application/")
+            .is_some_and(|sub| sub.ends_with("+json"))
+}
+
+/// What a browser could send from another site, refused before anything else: a `Host`
+/// this gateway does not answer to (DNS rebinding), and for state-changing methods a
+/// foreign `Origin` or `Sec-Fetch-Site`, and a body that is not JSON (a "simple" request
+/// needs no preflight only with `text/plain`, forms or no type). No answer of the admin API
+/// carries CORS permissions.
+async fn guard(State(state): State<Arc<IngressState>>, request: Request, next: Next) -> Response {
+    let Some((_, auth)) = state.admin() else {
+        return Problem::unavailable("the gateway is starting", 1).into_response();
+    };
+    let host = request_host(&request);
+    let local = request.extensions().get::<LocalAddr>().map(|l| l.0);
+    if !auth.host_allowed(host.as_deref(), local) {
+        return Problem::forbidden(
+            "host",
+            format!(
+                "the admin API does not answer to the host `{}`: add it to admin.allowed_hosts",
+                host.as_deref().unwrap_or("")
+            ),
+        )
+        .into_response();
+    }
+    let method = request.method();
+    let safe = method == axum::http::Method::GET
+        || method == axum::http::Method::HEAD
+        || method == axum::http::Method::OPTIONS;
+    if !safe {
+        let headers = request.headers();
+        let origin = headers
+            .get(header::ORIGIN)
+            .map(|v| v.to_str().unwrap_or("null"));
+        if let Some(origin) = origin {
+            if !auth.origin_allowed(origin, host.as_deref()) {
+                return Problem::forbidden(
+                    "origin",
+                    format!("the admin API does not take changes from the origin `{origin}` (its own origin and admin.allowed_origins only)"),
+                )
+                .into_response();
+            }
+        }
+        let fetch_site = headers
+            .get("sec-fetch-site")
+            .map(|v| v.to_str().unwrap_or("").to_ascii_lowercase());
+        if let Some(site) = fetch_site {
+            let listed = origin.is_some_and(|o| auth.origin_listed(o));
+            if site != "same-origin" && site != "none" && !listed {
+                return Problem::forbidden(
+                    "sec-fetch-site",
+                    format!("the admin API does not take changes sent {site} by a browser"),
+                )
+                .into_response();
+            }
+        }
+        match headers.get(header::CONTENT_TYPE).map(|v| v.to_str()) {
+            Some(Ok(t)) if json_type(t) => {}
+            Some(t) => {
+                return Problem::unsupported_media_type(format!(
+                    "the admin API reads JSON bodies (`Content-Type: application/json`), not `{}`",
+                    t.unwrap_or("?")
+                ))
+                .into_response()
+            }
+            None if has_body(&request) => {
+                return Problem::unsupported_media_type(
+                    "a request body needs `Content-Type: application/json`",
+                )
+                .into_response()
+            }
+            None => {}
+        }
+    }
+    let mut response = next.run(request).await;
+    let cors: Vec<_> = response
+        .headers()
+        .keys()
+        .filter(|k| k.as_str().starts_with("access-control-allow-"))
+        .cloned()
+        .collect();
+    for name in cors {
+        response.headers_mut().remove(name);
+    }
+    response
+}
+
+/// Whether a request carries a body (a length above zero, chunked, or an HTTP/2 stream
+/// that has not ended).
+fn has_body(request: &Request) -> bool {
+    use axum::body::HttpBody as _;
+    let length = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match length {
+        Some(n) => n > 0,
+        None => {
+            request.headers().contains_key(header::TRANSFER_ENCODING)
+                || !request.body().is_end_stream()
+        }
+    }
+}
+
 /// The routes of `/api/v1` (and the older `/admin/*` aliases), with their credentials.
 pub fn routes(state: Arc<IngressState>) -> Router {
     let open = Router::new()
         .route("/api/v1/openapi.json", get(openapi))
-        .route("/api/v1/scaling", get(crate::scaling::handler))
-        .with_state(state.clone())
-        // The console's files are open; it asks for the admin token when the API does.
-        .merge(crate::console::routes());
+        .merge(crate::scaling::within_limits(
+            Router::new()
+                .route("/api/v1/scaling", get(crate::scaling::handler))
+                .with_state(state.clone()),
+            &state.limits,
+        ))
+        // The console's files need no token (it asks for one when the API does), but they
+        // are answered only under a `Host` of this gateway, like the API.
+        .merge(
+            crate::console::routes().layer(middleware::from_fn_with_state(state.clone(), guard)),
+        );
     let guarded = Router::new()
         .route("/api/v1/catalog", get(get_catalog))
         .route("/api/v1/catalog/apply", post(apply))
@@ -192,7 +549,9 @@ pub fn routes(state: Arc<IngressState>) -> Router {
         .route("/api/v1/rules/test", post(test_rule))
         .merge(crate::admin::routes())
         .with_state(state.clone())
-        .layer(middleware::from_fn_with_state(state, authorize))
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        // Before the credentials: what a browser sends cross-site is refused whoever it is.
+        .layer(middleware::from_fn_with_state(state, guard))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn(problem_rejections));
     open.merge(guarded)
@@ -220,17 +579,28 @@ async fn authorize(
                 .or_else(|| v.strip_prefix("bearer "))
         })
         .map(str::trim);
-    if auth.hashes.is_empty() {
+    if auth.hashes.is_empty() && auth.allow_local {
+        if let Some(name) = PROXY_HEADERS
+            .iter()
+            .find(|h| request.headers().contains_key(**h))
+        {
+            return Problem::forbidden(
+                *name,
+                "the request came through a proxy, so its peer address does not tell whether its client is local; the admin API answers it only with a token (admin.tokens or SLUICE_ADMIN_TOKEN)",
+            )
+            .into_response();
+        }
         let peer = request
             .extensions()
             .get::<ConnectInfo<SocketAddr>>()
             .map(|c| c.0);
-        if peer.is_some_and(|p| p.ip().is_loopback()) {
+        // `::ffff:127.0.0.1` on a `[::]` listener is loopback too.
+        if peer.is_some_and(|p| p.ip().to_canonical().is_loopback()) {
             return next.run(request).await;
         }
         return Problem::forbidden(
-            "admin.tokens",
-            "the admin API has no token configured (admin.tokens or SLUICE_ADMIN_TOKEN), so it answers only clients on loopback",
+            "admin.allow_local_without_token",
+            "the admin API has no token configured (admin.tokens or SLUICE_ADMIN_TOKEN) and answers only clients on loopback",
         )
         .into_response();
     }
@@ -608,6 +978,51 @@ fn change_problem(
     }
 }
 
+/// A change this replica refuses to accept because it could not run it (see
+/// `admission`), as problem+json: `400` naming the field when the resource the request is
+/// about cannot be built here, `409` naming `/shards` when its bus's log in the store has
+/// another shard count.
+fn admission_problem(
+    refusal: crate::admission::Refusal,
+    kind: Kind,
+    key: &str,
+    after: &Channels,
+) -> Problem {
+    let invalid = refusal.invalid;
+    let at = key_of(after, invalid.kind, invalid.index);
+    if invalid.kind != kind || at.as_deref() != Some(key) {
+        return Problem::conflict(format!(
+            "the change would break {}: {}",
+            at.unwrap_or_else(|| "another resource".to_string()),
+            invalid.message
+        ));
+    }
+    let mut problem = Problem::invalid_resource(&invalid.pointer, invalid.message);
+    if refusal.conflict {
+        problem.status = StatusCode::CONFLICT.as_u16();
+        problem.title = "Conflict";
+        problem.kind = Problem::conflict("").kind;
+    }
+    problem
+}
+
+/// Runs this replica's admission checks on a change (`keys`: the resources the request
+/// names); `Some(problem)` when it refuses. What the configuration's own checks refuse
+/// is left to them (`Catalog::change` says it, with the same pointer as ever).
+fn admit(
+    state: &IngressState,
+    before: &Channels,
+    after: &Channels,
+    keys: &std::collections::HashSet<String>,
+    stored: &HashMap<String, u32>,
+) -> Option<crate::admission::Refusal> {
+    let admission = state.admission()?;
+    let refusal = admission.check(before, after, keys, stored).err()?;
+    catalog::check_change(before, after)
+        .is_ok()
+        .then_some(refusal)
+}
+
 fn key_of(channels: &Channels, kind: Kind, index: usize) -> Option<String> {
     match kind {
         Kind::Bus => channels
@@ -745,6 +1160,9 @@ fn webhook_addressed(name: &str) -> Addressed<WebhookConfig> {
 
 /// `PUT` of a resource: creates (201) or replaces (200) it under the request's
 /// preconditions, after `precheck` (which may refuse, e.g. a rule of a missing bus).
+///
+/// The change is accepted only if this replica can build the resource (see `admission`);
+/// `stored` holds the shard count of its bus's log in the store, for a bus.
 async fn put_resource<T: Clone>(
     state: &IngressState,
     headers: &HeaderMap,
@@ -752,6 +1170,7 @@ async fn put_resource<T: Clone>(
     resource: T,
     is: impl Fn(&T) -> bool,
     precheck: impl Fn(&Snapshot) -> Result<(), Problem>,
+    stored: HashMap<String, u32>,
 ) -> Response {
     let catalog = match catalog_of(state) {
         Ok(c) => c,
@@ -759,6 +1178,7 @@ async fn put_resource<T: Clone>(
     };
     let pre = Preconditions::from(headers);
     let mut attempted = None;
+    let keys = std::collections::HashSet::from([at.key.clone()]);
     let result = catalog
         .change(|s| {
             precheck(s)?;
@@ -768,6 +1188,9 @@ async fn put_resource<T: Clone>(
             match found {
                 Some(i) => (at.list_mut)(&mut next)[i] = resource.clone(),
                 None => (at.list_mut)(&mut next).push(resource.clone()),
+            }
+            if let Some(refusal) = admit(state, &s.channels, &next, &keys, &stored) {
+                return Err(admission_problem(refusal, at.kind, &at.key, &next));
             }
             attempted = Some(next.clone());
             Ok((Some(next), found.is_none()))
@@ -836,9 +1259,27 @@ async fn put_bus(
         Err(p) => return p.into_response(),
     };
     let is = |b: &BusConfig| *b.name.get_ref() == bus;
-    put_resource(&state, &headers, bus_addressed(&bus), resource, is, |_| {
-        Ok(())
-    })
+    // Whether the store still holds a log of this bus (deleted and made again), and with
+    // how many shards: asked before the change, which is made without waiting.
+    let stored = match state.admission() {
+        Some(admission) => match admission
+            .stored_shards([(bus.as_str(), resource.shards)])
+            .await
+        {
+            Ok(stored) => stored,
+            Err(e) => return store_problem(&e).into_response(),
+        },
+        None => HashMap::new(),
+    };
+    put_resource(
+        &state,
+        &headers,
+        bus_addressed(&bus),
+        resource,
+        is,
+        |_| Ok(()),
+        stored,
+    )
     .await
 }
 
@@ -867,6 +1308,7 @@ async fn put_rule(
         resource,
         is,
         bus_exists,
+        HashMap::new(),
     )
     .await
 }
@@ -889,6 +1331,7 @@ async fn put_source(
         resource,
         is,
         |_| Ok(()),
+        HashMap::new(),
     )
     .await
 }
@@ -1018,10 +1461,36 @@ async fn apply(
         Ok(c) => c,
         Err(p) => return p.into_response(),
     };
+    // The body's resources are the ones this replica must be able to build; its buses,
+    // the ones whose logs the store may still hold with another shard count.
+    let keys = crate::admission::keys_of(&file);
+    let stored = match state.admission() {
+        Some(admission) => {
+            let buses: Vec<(&str, u32)> = file
+                .buses
+                .iter()
+                .map(|b| (b.name.get_ref().as_str(), b.shards))
+                .collect();
+            match admission.stored_shards(buses).await {
+                Ok(stored) => stored,
+                Err(e) => return store_problem(&e).into_response(),
+            }
+        }
+        None => HashMap::new(),
+    };
     let mut attempted = None;
     let result = catalog
         .change(|s| {
             let (next, report) = merge(&s.channels, &file, prune);
+            if let Some(refusal) = admit(&state, &s.channels, &next, &keys, &stored) {
+                let mut problem = applied_invalid(&next, &file, &refusal.invalid);
+                if refusal.conflict {
+                    problem.status = StatusCode::CONFLICT.as_u16();
+                    problem.title = "Conflict";
+                    problem.kind = Problem::conflict("").kind;
+                }
+                return Err(problem);
+            }
             attempted = Some(next.clone());
             Ok::<_, Problem>((if dry_run { None } else { Some(next) }, report))
         })
@@ -1409,9 +1878,9 @@ async fn put_webhook(
         .into_response();
     }
     // The settings first (they name the field), then whether this replica reads the secrets.
-    if let Err((pointer, message)) = crate::webhooks::check_catalog(&resource)
-        .and_then(|()| crate::webhooks::check_secrets_here(&resource))
-    {
+    if let Err((pointer, message)) = crate::webhooks::check_catalog(&resource).and_then(|()| {
+        crate::webhooks::check_secrets_here(&resource, state.webhooks().secret_prefix())
+    }) {
         return Problem::invalid_resource(&pointer, format!("webhook `{name}`: {message}"))
             .into_response();
     }
@@ -1431,6 +1900,7 @@ async fn put_webhook(
         resource,
         is,
         bus_exists,
+        HashMap::new(),
     )
     .await
 }
@@ -2074,6 +2544,18 @@ mod tests {
     use tower::ServiceExt as _;
 
     async fn router(hashes: Vec<[u8; 32]>) -> (Router, tempfile::TempDir) {
+        let allow_local = hashes.is_empty();
+        router_with(AdminAuth {
+            hashes,
+            allow_local,
+            strategy: "sorted-hash".to_string(),
+            replay_batch: 100,
+            ..AdminAuth::default()
+        })
+        .await
+    }
+
+    async fn router_with(auth: AdminAuth) -> (Router, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let state = Arc::new(IngressState::new(
             HashMap::new(),
@@ -2081,14 +2563,7 @@ mod tests {
             Arc::new(crate::runtime::cluster::LocalCluster::new("w")),
         ));
         let catalog = Catalog::new(Arc::new(catalog::FileCatalog::new(dir.path())));
-        state.set_admin(
-            catalog,
-            AdminAuth {
-                hashes,
-                strategy: "sorted-hash".to_string(),
-                replay_batch: 100,
-            },
-        );
+        state.set_admin(catalog, auth);
         (routes(state), dir)
     }
 
@@ -2157,5 +2632,240 @@ mod tests {
             "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         assert!(parse_hash(&h).is_ok());
+    }
+
+    fn local_auth(hosts: &[&str], origins: &[&str]) -> AdminAuth {
+        let config = AdminConfig {
+            allow_local_without_token: true,
+            allowed_hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            allowed_origins: origins.iter().map(|o| o.to_string()).collect(),
+            ..AdminConfig::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        AdminAuth::from_config(&config, "sorted-hash", 100, dir.path()).unwrap()
+    }
+
+    #[test]
+    fn host_names_are_checked_against_the_listener_loopback_and_the_list() {
+        let auth = local_auth(&["sluice.internal", "gw.example:9000"], &[]);
+        let local = Some(SocketAddr::from(([127, 0, 0, 1], 8080)));
+        for (host, ok) in [
+            ("127.0.0.1:8080", true),
+            ("localhost:8080", true),
+            ("LOCALHOST.:8080", true),
+            ("[::1]:8080", true),
+            ("127.0.0.1:9999", false),
+            ("localhost", false),
+            ("rebind.evil.example:8080", false),
+            ("sluice.internal:1234", true),
+            ("gw.example:9000", true),
+            ("gw.example:9001", false),
+            ("::1", false),
+            ("a b", false),
+        ] {
+            assert_eq!(auth.host_allowed(Some(host), local), ok, "{host}");
+        }
+        // A `[::]` listener: the address the connection came in on counts as its name.
+        let on_v6 = Some("[::ffff:10.0.0.5]:8080".parse::<SocketAddr>().unwrap());
+        assert!(auth.host_allowed(Some("10.0.0.5:8080"), on_v6));
+        assert!(!auth.host_allowed(Some("10.0.0.6:8080"), on_v6));
+        // With a token and no list, any name; with a list, only the list and local names.
+        let token = AdminAuth {
+            hashes: vec![[0; 32]],
+            ..AdminAuth::default()
+        };
+        assert!(token.host_allowed(Some("rebind.evil.example:8080"), local));
+        let listed = AdminAuth {
+            hashes: vec![[0; 32]],
+            allowed_hosts: vec!["sluice.internal".to_string()],
+            ..AdminAuth::default()
+        };
+        assert!(!listed.host_allowed(Some("rebind.evil.example:8080"), local));
+        assert!(local_auth(&["*"], &[]).host_allowed(Some("anything:1"), local));
+    }
+
+    #[test]
+    fn origins_must_be_the_host_or_listed() {
+        let auth = local_auth(&[], &["https://console.example.com/"]);
+        let host = Some("127.0.0.1:8080");
+        assert!(auth.origin_allowed("http://127.0.0.1:8080", host));
+        assert!(!auth.origin_allowed("http://127.0.0.1:8081", host));
+        assert!(!auth.origin_allowed("https://evil.example", host));
+        assert!(!auth.origin_allowed("null", host));
+        assert!(auth.origin_allowed("HTTPS://console.example.com", host));
+        // Behind a proxy that ends TLS: `https://admin.example` against `Host: admin.example`.
+        assert!(auth.origin_allowed("https://admin.example", Some("admin.example")));
+        assert!(!auth.origin_allowed("https://admin.example", Some("admin.example:8080")));
+        let bad = AdminConfig {
+            allowed_origins: vec!["console.example.com".to_string()],
+            allow_local_without_token: true,
+            ..AdminConfig::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        assert!(AdminAuth::from_config(&bad, "sorted-hash", 1, dir.path()).is_err());
+    }
+
+    #[test]
+    fn json_types_are_json_and_nothing_else() {
+        for t in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            "application/merge-patch+json",
+        ] {
+            assert!(json_type(t), "{t}");
+        }
+        for t in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "text/json",
+            "",
+        ] {
+            assert!(!json_type(t), "{t}");
+        }
+    }
+
+    #[test]
+    fn a_generated_token_is_kept_owner_only_and_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(TOKEN_FILE);
+        let first = generated_token(&path).unwrap();
+        assert_eq!(first.len(), 64);
+        assert!(first.bytes().all(|b| b.is_ascii_hexdigit()));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        assert_eq!(
+            generated_token(&path).unwrap(),
+            first,
+            "stable across restarts"
+        );
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(
+            generated_token(&other.path().join(TOKEN_FILE)).unwrap(),
+            first
+        );
+    }
+
+    fn write(method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Request {
+        let mut builder = axum::http::Request::builder().method(method).uri(path);
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        let mut request = builder
+            .body(axum::body::Body::from(body.to_string()))
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 40000))));
+        request
+            .extensions_mut()
+            .insert(LocalAddr(SocketAddr::from(([127, 0, 0, 1], 8080))));
+        request
+    }
+
+    #[tokio::test]
+    async fn cross_site_writes_are_refused_before_anything_runs() {
+        let (router, _dir) = router(Vec::new()).await;
+        let body = r#"{"rules":[]}"#;
+        let host = ("host", "127.0.0.1:8080");
+        for (headers, status, field) in [
+            (
+                vec![
+                    ("host", "rebind.evil.example:8080"),
+                    ("origin", "https://evil.example"),
+                    ("content-type", "text/plain"),
+                ],
+                403,
+                "host",
+            ),
+            (
+                vec![
+                    host,
+                    ("origin", "https://evil.example"),
+                    ("content-type", "application/json"),
+                ],
+                403,
+                "origin",
+            ),
+            (
+                vec![
+                    host,
+                    ("sec-fetch-site", "cross-site"),
+                    ("content-type", "application/json"),
+                ],
+                403,
+                "sec-fetch-site",
+            ),
+            (
+                vec![host, ("content-type", "text/plain")],
+                415,
+                "content-type",
+            ),
+            (vec![host], 415, "content-type"),
+            (
+                vec![
+                    host,
+                    ("x-forwarded-for", "10.0.0.1"),
+                    ("content-type", "application/json"),
+                ],
+                403,
+                "x-forwarded-for",
+            ),
+        ] {
+            let answer = router
+                .clone()
+                .oneshot(write(
+                    "POST",
+                    "/api/v1/catalog/apply?dry_run=true",
+                    &headers,
+                    body,
+                ))
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), status, "{headers:?}");
+            let bytes = axum::body::to_bytes(answer.into_body(), 1 << 16)
+                .await
+                .unwrap();
+            let problem: Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(problem["field"], field, "{headers:?}");
+        }
+        let same_origin = router
+            .clone()
+            .oneshot(write(
+                "POST",
+                "/api/v1/catalog/apply?dry_run=true",
+                &[
+                    host,
+                    ("origin", "http://127.0.0.1:8080"),
+                    ("sec-fetch-site", "same-origin"),
+                    ("content-type", "application/json; charset=utf-8"),
+                ],
+                body,
+            ))
+            .await
+            .unwrap();
+        assert_eq!(same_origin.status(), 200);
+        // A body-less action needs no type, and a preflight gets no CORS permission.
+        let preflight = router
+            .oneshot(write(
+                "OPTIONS",
+                "/api/v1/catalog/apply",
+                &[
+                    host,
+                    ("origin", "https://evil.example"),
+                    ("access-control-request-method", "POST"),
+                ],
+                "",
+            ))
+            .await
+            .unwrap();
+        assert!(preflight
+            .headers()
+            .keys()
+            .all(|k| !k.as_str().starts_with("access-control-")));
     }
 }

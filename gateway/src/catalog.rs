@@ -11,9 +11,21 @@
 //! The configuration file may declare resources too. They seed an empty catalog; after
 //! that the catalog wins, so a replica started with an old file never rolls back what the
 //! admin API changed (`sluice ctl apply -f` applies a file on purpose).
+//!
+//! Continuity: beside its version, every write draws a random id, and a replica follows
+//! whenever the stored (version, id) differs from what it runs, in either direction. A
+//! store restored from an older backup holds a lower version (or the same version with
+//! another id once written again): replicas notice, say so, and converge on what the store
+//! holds instead of skipping versions they believe they have seen. Writes compare both
+//! (a writer that read before the restore cannot win after it), and new versions are
+//! numbered past every version this process has seen, so an `ETag` handed out before a
+//! restore never names a different resource after it. A catalog that vanished from the
+//! store (a flushed Redis) is not an empty catalog: replicas keep running what they run
+//! and the admin API refuses changes until a replica started anew seeds it again.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -25,14 +37,64 @@ use crate::runtime::cluster::Cluster;
 use crate::store::redis::RedisCluster;
 use crate::store::StoreError;
 
-/// The catalog as stored: its version, the TOML of its channels, each resource's version.
+/// The catalog as stored: its version and id, the TOML of its channels, each resource's
+/// version.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Stored {
     pub version: u64,
+    /// Drawn at random by every write (0 in catalogs written before ids existed).
+    #[serde(default)]
+    pub id: u64,
     #[serde(rename = "toml")]
     pub text: String,
     #[serde(default)]
     pub versions: BTreeMap<String, u64>,
+}
+
+/// Which write of the catalog: its version and the id that write drew. Versions alone do
+/// not tell: a store restored from a backup numbers its next writes again from an older
+/// version.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Head {
+    pub version: u64,
+    pub id: u64,
+}
+
+/// How the stored catalog stands to the one a replica runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drift {
+    /// The same write: nothing to do.
+    Same,
+    /// A newer version.
+    Ahead,
+    /// An older version: the store came back from a backup (or lost its latest writes).
+    Behind,
+    /// The same version, another write: written again after such a restore.
+    Replaced,
+}
+
+impl Head {
+    /// How `self` (stored) stands to `running`. Anything but `Same` is followed.
+    pub fn drift_from(self, running: Head) -> Drift {
+        if self == running {
+            Drift::Same
+        } else if self.version > running.version {
+            Drift::Ahead
+        } else if self.version < running.version {
+            Drift::Behind
+        } else {
+            Drift::Replaced
+        }
+    }
+}
+
+impl Stored {
+    pub fn head(&self) -> Head {
+        Head {
+            version: self.version,
+            id: self.id,
+        }
+    }
 }
 
 /// Where the catalog is kept.
@@ -40,14 +102,19 @@ pub struct Stored {
 pub trait CatalogStore: Send + Sync {
     /// The stored catalog; `None` before anything was stored.
     async fn load(&self) -> Result<Option<Stored>, StoreError>;
-    /// Stores a new catalog if the stored version is still `expected` (0: nothing stored):
-    /// `Ok(new version)`, or `Err(stored version)` when another writer came first.
+    /// Only the version and id of the stored catalog: what replicas check on every tick,
+    /// without reading thousands of rules.
+    async fn head(&self) -> Result<Option<Head>, StoreError>;
+    /// Stores `next` if the stored catalog is still `expected`, version and id
+    /// (`Head::default()`: nothing stored): `Ok(())`, or `Err(the stored head)` when
+    /// another writer (or a restore) came first.
     async fn store(
         &self,
-        expected: u64,
+        expected: Head,
+        next: Head,
         text: &str,
         versions: &BTreeMap<String, u64>,
-    ) -> Result<Result<u64, u64>, StoreError>;
+    ) -> Result<Result<(), Head>, StoreError>;
     /// Moves whenever the catalog may have changed (and on other cluster notices).
     fn changes(&self) -> watch::Receiver<u64>;
 }
@@ -69,15 +136,22 @@ impl CatalogStore for RedisCatalog {
         self.cluster.load_catalog().await
     }
 
+    async fn head(&self) -> Result<Option<Head>, StoreError> {
+        self.cluster.catalog_head().await
+    }
+
     async fn store(
         &self,
-        expected: u64,
+        expected: Head,
+        next: Head,
         text: &str,
         versions: &BTreeMap<String, u64>,
-    ) -> Result<Result<u64, u64>, StoreError> {
+    ) -> Result<Result<(), Head>, StoreError> {
         let versions = serde_json::to_string(versions)
             .map_err(|e| StoreError::Unavailable(format!("catalog versions: {e}")))?;
-        self.cluster.store_catalog(expected, text, &versions).await
+        self.cluster
+            .store_catalog(expected, next, text, &versions)
+            .await
     }
 
     fn changes(&self) -> watch::Receiver<u64> {
@@ -91,6 +165,27 @@ pub struct FileCatalog {
     path: PathBuf,
     write: tokio::sync::Mutex<()>,
     changes: watch::Sender<u64>,
+    /// The head of the file as last read, by the file's inode, length and modification
+    /// time: `head` stats the file and reads it again only when one of them moved (every
+    /// write renames a new file in, so a write always moves the inode).
+    heads: Arc<HeadCache>,
+}
+
+type HeadCache = std::sync::Mutex<Option<(FileStamp, Option<Head>)>>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    inode: u64,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+/// What `head` needs of `catalog.json` (the rest of the file is skipped, not kept).
+#[derive(Deserialize)]
+struct StoredHead {
+    version: u64,
+    #[serde(default)]
+    id: u64,
 }
 
 impl FileCatalog {
@@ -99,7 +194,42 @@ impl FileCatalog {
             path: data_dir.join("catalog.json"),
             write: tokio::sync::Mutex::new(()),
             changes: watch::Sender::new(0),
+            heads: Arc::new(std::sync::Mutex::new(None)),
         }
+    }
+
+    fn read_head(path: &std::path::Path, heads: &HeadCache) -> Result<Option<Head>, StoreError> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = match std::fs::metadata(path) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::io("cannot read catalog.json", &e)),
+        };
+        let stamp = FileStamp {
+            inode: meta.ino(),
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        };
+        let mut cached = heads.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, head)) = *cached {
+            if at == stamp {
+                return Ok(head);
+            }
+        }
+        let head = match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice::<StoredHead>(&bytes)
+                .map(|h| {
+                    Some(Head {
+                        version: h.version,
+                        id: h.id,
+                    })
+                })
+                .map_err(|e| StoreError::Corrupt(format!("{}: {e}", path.display())))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(StoreError::io("cannot read catalog.json", &e)),
+        };
+        *cached = Some((stamp, head));
+        Ok(head)
     }
 
     fn read(path: &std::path::Path) -> Result<Option<Stored>, StoreError> {
@@ -118,8 +248,9 @@ impl FileCatalog {
         let bytes = serde_json::to_vec_pretty(stored)
             .map_err(|e| StoreError::Unavailable(format!("catalog: {e}")))?;
         let aside = path.with_extension("json.new");
-        let mut file =
-            std::fs::File::create(&aside).map_err(|e| io("cannot write catalog.json", e))?;
+        // Owner only: the catalog says where events go and which variables hold secrets.
+        let mut file = crate::store::embedded::create_private(&aside)
+            .map_err(|e| io("cannot write catalog.json", e))?;
         file.write_all(&bytes)
             .and_then(|()| file.sync_all())
             .map_err(|e| io("cannot write catalog.json", e))?;
@@ -142,29 +273,40 @@ impl CatalogStore for FileCatalog {
             .map_err(|e| StoreError::Unavailable(format!("catalog: {e}")))?
     }
 
+    async fn head(&self) -> Result<Option<Head>, StoreError> {
+        let path = self.path.clone();
+        let heads = self.heads.clone();
+        tokio::task::spawn_blocking(move || FileCatalog::read_head(&path, &heads))
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("catalog: {e}")))?
+    }
+
     async fn store(
         &self,
-        expected: u64,
+        expected: Head,
+        next: Head,
         text: &str,
         versions: &BTreeMap<String, u64>,
-    ) -> Result<Result<u64, u64>, StoreError> {
+    ) -> Result<Result<(), Head>, StoreError> {
         let _writer = self.write.lock().await;
-        let current = self.load().await?.map_or(0, |s| s.version);
+        let current = self.load().await?.map_or(Head::default(), |s| s.head());
         if current != expected {
             return Ok(Err(current));
         }
         let stored = Stored {
-            version: current + 1,
+            version: next.version,
+            id: next.id,
             text: text.to_string(),
             versions: versions.clone(),
         };
         let path = self.path.clone();
-        let written = stored.clone();
-        tokio::task::spawn_blocking(move || FileCatalog::write(&path, &written))
+        tokio::task::spawn_blocking(move || FileCatalog::write(&path, &stored))
             .await
             .map_err(|e| StoreError::Unavailable(format!("catalog: {e}")))??;
+        // Not left to the stamp alone: a freed inode may come back with the next write.
+        *self.heads.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.changes.send_modify(|n| *n += 1);
-        Ok(Ok(stored.version))
+        Ok(Ok(()))
     }
 
     fn changes(&self) -> watch::Receiver<u64> {
@@ -193,6 +335,8 @@ pub fn webhook_key(name: &str) -> String {
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     pub version: u64,
+    /// The id its write drew (see [`Head`]).
+    pub id: u64,
     pub channels: Channels,
     pub versions: BTreeMap<String, u64>,
 }
@@ -203,9 +347,17 @@ impl Snapshot {
             .map_err(|e| StoreError::Corrupt(format!("stored catalog: {e}")))?;
         Ok(Snapshot {
             version: stored.version,
+            id: stored.id,
             channels,
             versions: stored.versions,
         })
+    }
+
+    pub fn head(&self) -> Head {
+        Head {
+            version: self.version,
+            id: self.id,
+        }
     }
 
     /// The version at which a resource last changed.
@@ -276,23 +428,45 @@ pub struct Changed<T> {
 #[derive(Clone)]
 pub struct Catalog {
     store: Arc<dyn CatalogStore>,
+    /// The highest version this process has read or written: new versions are numbered
+    /// past it, and a store found empty after it is a lost catalog, not a new one.
+    seen: Arc<AtomicU64>,
 }
 
 impl Catalog {
     pub fn new(store: Arc<dyn CatalogStore>) -> Catalog {
-        Catalog { store }
+        Catalog {
+            store,
+            seen: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn saw(&self, version: u64) {
+        self.seen.fetch_max(version, Ordering::Relaxed);
     }
 
     /// The current catalog (empty, version 0, before anything was stored).
     pub async fn snapshot(&self) -> Result<Snapshot, StoreError> {
         match self.store.load().await? {
-            Some(stored) => Snapshot::parse(stored),
+            Some(stored) => {
+                self.saw(stored.version);
+                Snapshot::parse(stored)
+            }
             None => Ok(Snapshot::default()),
         }
     }
 
+    /// The version and id of the stored catalog (`None`: nothing is stored), cheaply.
+    pub async fn head(&self) -> Result<Option<Head>, StoreError> {
+        let head = self.store.head().await?;
+        if let Some(head) = head {
+            self.saw(head.version);
+        }
+        Ok(head)
+    }
+
     pub async fn version(&self) -> Result<u64, StoreError> {
-        Ok(self.store.load().await?.map_or(0, |s| s.version))
+        Ok(self.head().await?.map_or(0, |h| h.version))
     }
 
     pub fn changes(&self) -> watch::Receiver<u64> {
@@ -309,6 +483,16 @@ impl Catalog {
     ) -> Result<Changed<T>, ChangeError<E>> {
         for _ in 0..16 {
             let current = self.snapshot().await?;
+            if current.version == 0 && self.seen.load(Ordering::Relaxed) > 0 {
+                // Written now, the change would be the whole catalog and every replica
+                // would follow it, dropping everything else.
+                return Err(ChangeError::Store(StoreError::Unavailable(
+                    "the catalog is missing from the cluster store (flushed, or restored without it); \
+                     replicas keep running their last catalog. Restart one replica to seed it from \
+                     its configuration file, then make the change again"
+                        .to_string(),
+                )));
+            }
             let (next, value) = change(&current).map_err(ChangeError::Rejected)?;
             let Some(next) = next else {
                 return Ok(Changed {
@@ -327,7 +511,13 @@ impl Catalog {
                     written: false,
                 });
             }
-            let version = current.version + 1;
+            // Past every version this process has seen, not only the stored one: after a
+            // restore from a backup, a version (an `ETag`) handed out before it is not
+            // handed out again for something else.
+            let version = current
+                .version
+                .max(self.seen.load(Ordering::Relaxed))
+                .saturating_add(1);
             let versions: BTreeMap<String, u64> = after
                 .iter()
                 .map(|(key, json)| {
@@ -342,17 +532,27 @@ impl Catalog {
             let text = next
                 .to_toml()
                 .map_err(|e| ChangeError::Store(StoreError::Unavailable(e)))?;
-            match self.store.store(current.version, &text, &versions).await? {
-                Ok(stored) => {
+            let head = Head {
+                version,
+                id: fastrand::u64(1..),
+            };
+            match self
+                .store
+                .store(current.head(), head, &text, &versions)
+                .await?
+            {
+                Ok(()) => {
+                    self.saw(version);
                     return Ok(Changed {
                         snapshot: Snapshot {
-                            version: stored,
+                            version,
+                            id: head.id,
                             channels: next,
                             versions,
                         },
                         value,
                         written: true,
-                    })
+                    });
                 }
                 Err(_) => continue,
             }
@@ -407,6 +607,36 @@ pub fn check_change(before: &Channels, after: &Channels) -> Result<(), Invalid> 
     Ok(())
 }
 
+/// What only the store can tell about a change: a bus the catalog does not hold (new, or
+/// deleted and made again) whose log and positions are still in the store with another
+/// shard count (`stored`: bus → that count, as the backend reports it). Its events were
+/// placed by that count and its positions are per shard, so the name comes back only with
+/// it (or once its data is deleted).
+pub fn check_stored_shards(
+    before: &Channels,
+    after: &Channels,
+    stored: &std::collections::HashMap<String, u32>,
+) -> Result<(), Invalid> {
+    for (index, bus) in after.buses.iter().enumerate() {
+        let name = bus.name.get_ref();
+        if before.buses.iter().any(|b| b.name.get_ref() == name) {
+            continue;
+        }
+        if let Some(&shards) = stored.get(name).filter(|s| **s != bus.shards) {
+            return Err(Invalid {
+                kind: Kind::Bus,
+                index,
+                pointer: "/shards".to_string(),
+                message: format!(
+                    "bus `{name}` cannot have {} shards: a log of bus `{name}` with {shards} shards is still in the store (its events and positions are kept after the bus is deleted, placed by that count). Create it with shards = {shards}, choose another name, or delete its data first (standalone: {{data_dir}}/buses/{name}; distributed: the Redis keys {{prefix}}:bus:{name}:*, {{prefix}}:gpos:{name}:* and {{prefix}}:bus-shards:{name})",
+                    bus.shards
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -446,7 +676,149 @@ mod tests {
 
         // A store that is not at the expected version refuses.
         let store = FileCatalog::new(dir.path());
-        assert_eq!(store.store(1, "", &BTreeMap::new()).await.unwrap(), Err(2));
+        let stored = catalog.snapshot().await.unwrap().head();
+        let next = Head { version: 9, id: 9 };
+        let stale = Head {
+            version: 1,
+            id: stored.id,
+        };
+        assert_eq!(
+            store
+                .store(stale, next, "", &BTreeMap::new())
+                .await
+                .unwrap(),
+            Err(stored)
+        );
+    }
+
+    #[test]
+    fn a_replica_follows_any_other_write_and_tells_a_catalog_that_went_back() {
+        let running = Head { version: 7, id: 70 };
+        assert_eq!(running.drift_from(running), Drift::Same);
+        assert_eq!(Head { version: 8, id: 1 }.drift_from(running), Drift::Ahead);
+        assert_eq!(
+            Head { version: 5, id: 50 }.drift_from(running),
+            Drift::Behind
+        );
+        assert_eq!(
+            Head { version: 7, id: 71 }.drift_from(running),
+            Drift::Replaced
+        );
+        // A catalog written before ids existed (id 0) is a write like any other.
+        assert_eq!(
+            Head { version: 7, id: 0 }.drift_from(running),
+            Drift::Replaced
+        );
+    }
+
+    /// `catalog.json` restored from an older copy under a running process: the head says
+    /// it went back, a writer holding the newer head loses even where the version matches
+    /// again, and the next write is numbered past every version seen (no `ETag` reused).
+    #[tokio::test]
+    async fn a_catalog_restored_from_a_backup_is_followed_and_stale_writers_lose() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FileCatalog::new(dir.path()));
+        let catalog = Catalog::new(store.clone());
+        catalog.seed(&channels(ONE)).await.unwrap();
+        let path = dir.path().join("catalog.json");
+        let backup = std::fs::read(&path).unwrap();
+        let backup_head = catalog.head().await.unwrap().unwrap();
+        let mut text = String::from(ONE);
+        for name in ["b", "c"] {
+            text.push_str(&format!("\n[[buses]]\nname = \"{name}\"\n"));
+            let text = text.clone();
+            catalog
+                .change(move |_| Ok::<_, std::convert::Infallible>((Some(channels(&text)), ())))
+                .await
+                .unwrap();
+        }
+        let running = catalog.head().await.unwrap().unwrap();
+        assert_eq!(running.version, 3);
+
+        std::fs::write(&path, &backup).unwrap();
+        let stored = catalog.head().await.unwrap().unwrap();
+        assert_eq!(stored, backup_head);
+        assert_eq!(stored.drift_from(running), Drift::Behind);
+
+        // A writer that read before the restore: refused.
+        assert_eq!(
+            store
+                .store(running, Head { version: 4, id: 4 }, ONE, &BTreeMap::new())
+                .await
+                .unwrap(),
+            Err(stored)
+        );
+        // Written again up to version 3 by another process (which saw only the backup):
+        // same version, another id; the old head still loses.
+        let other = Catalog::new(Arc::new(FileCatalog::new(dir.path())));
+        for name in ["x", "y"] {
+            let text = format!("{ONE}\n[[buses]]\nname = \"{name}\"\n");
+            other
+                .change(move |_| Ok::<_, std::convert::Infallible>((Some(channels(&text)), ())))
+                .await
+                .unwrap();
+        }
+        let replaced = catalog.head().await.unwrap().unwrap();
+        assert_eq!(replaced.version, 3);
+        assert_eq!(replaced.drift_from(running), Drift::Replaced);
+        assert_eq!(
+            store
+                .store(running, Head { version: 4, id: 4 }, ONE, &BTreeMap::new())
+                .await
+                .unwrap(),
+            Err(replaced)
+        );
+        // This process's next write goes past the highest version it has seen.
+        let changed = catalog
+            .change(|_| Ok::<_, std::convert::Infallible>((Some(channels(ONE)), ())))
+            .await
+            .unwrap();
+        assert_eq!(changed.snapshot.version, 4);
+        assert_eq!(changed.snapshot.version_of("bus/a"), 1);
+    }
+
+    /// A catalog that vanished from the store is not an empty one: a process that has
+    /// seen one refuses to write a catalog of one change over it.
+    #[tokio::test]
+    async fn a_vanished_catalog_is_not_overwritten_by_one_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Catalog::new(Arc::new(FileCatalog::new(dir.path())));
+        catalog.seed(&channels(ONE)).await.unwrap();
+        std::fs::remove_file(dir.path().join("catalog.json")).unwrap();
+        assert_eq!(catalog.head().await.unwrap(), None);
+        let err = catalog
+            .change(|_| Ok::<_, std::convert::Infallible>((Some(channels(ONE)), ())))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ChangeError::Store(StoreError::Unavailable(_))),
+            "{err}"
+        );
+        // A process started anew seeds it.
+        let fresh = Catalog::new(Arc::new(FileCatalog::new(dir.path())));
+        assert_eq!(fresh.seed(&channels(ONE)).await.unwrap(), (1, false));
+    }
+
+    #[test]
+    fn a_bus_cannot_come_back_with_another_shard_count_while_its_log_exists() {
+        let stored = std::collections::HashMap::from([("a".to_string(), 4)]);
+        let none = Channels::default();
+        let eight = channels("[[buses]]\nname = \"a\"\nshards = 8\n");
+        let invalid = check_stored_shards(&none, &eight, &stored).unwrap_err();
+        assert_eq!(
+            (invalid.kind, invalid.pointer.as_str()),
+            (Kind::Bus, "/shards")
+        );
+        assert!(
+            invalid.message.contains("with 4 shards"),
+            "{}",
+            invalid.message
+        );
+        let four = channels("[[buses]]\nname = \"a\"\nshards = 4\n");
+        assert!(check_stored_shards(&none, &four, &stored).is_ok());
+        assert!(check_stored_shards(&none, &eight, &Default::default()).is_ok());
+        // A bus the catalog holds already is `check_change`'s to judge.
+        assert!(check_stored_shards(&four, &four, &stored).is_ok());
     }
 
     #[tokio::test]

@@ -75,6 +75,9 @@ pub struct Config {
     /// The admin API's own address: the same as `admin.listen` (one or the other).
     #[serde(default)]
     pub admin_listen: Option<SocketAddr>,
+    /// `[targets]`: where catalog targets may write files and send requests.
+    #[serde(default)]
+    pub targets: TargetsConfig,
     /// `[tracing]`: span export over OTLP.
     #[serde(default)]
     pub tracing: TracingConfig,
@@ -166,8 +169,9 @@ impl TracingConfig {
                     "tracing.otlp_headers: `{name}` is not a header name"
                 ));
             }
-            let value = crate::targets::secret(value)
-                .map_err(|e| format!("tracing.otlp_headers.{name}: {}", e.message))?;
+            // The replica's own file: any variable, or the value as written.
+            let value = crate::targets::local_secret(value)
+                .map_err(|e| format!("tracing.otlp_headers.{name}: {e}"))?;
             if http::HeaderValue::from_str(&value).is_err() {
                 return Err(format!("tracing.otlp_headers.{name}: not a header value"));
             }
@@ -188,10 +192,60 @@ pub struct AdminConfig {
     #[serde(default)]
     pub listen: Option<SocketAddr>,
     /// The accepted bearer tokens, as SHA-256 hashes (`sha256:<hex>`; `sluice ctl
-    /// hash-token` prints one). `SLUICE_ADMIN_TOKEN` adds one token in clear. With none,
-    /// the admin API answers only clients on loopback.
+    /// hash-token` prints one). `SLUICE_ADMIN_TOKEN` adds one token in clear. With none
+    /// (and no `allow_local_without_token`), the gateway generates one at start-up, keeps
+    /// it in `{data_dir}/admin-token` and prints it.
     #[serde(default)]
     pub tokens: Vec<String>,
+    /// With no token configured, answer clients on loopback without one (development
+    /// only: any local process, and any proxy on this host, can then change the catalog).
+    /// Requests carrying proxy headers (`Forwarded`, `X-Forwarded-For`, `X-Real-IP`,
+    /// `Via`) are still refused. Ignored when a token is configured.
+    #[serde(default)]
+    pub allow_local_without_token: bool,
+    /// `Host` names the admin API answers besides the listen address and loopback names
+    /// (`host` for any port, or `host:port`; `*` for any). Empty with a token configured:
+    /// any `Host` (the token defeats DNS rebinding).
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`https://console.example.com`) allowed to send state-changing requests
+    /// besides the admin API's own (the console served by this gateway).
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// The environment variables catalog resources may read as `env:NAME` secrets: those
+    /// whose names start with this prefix (left out: `SLUICE_SECRET_`). The catalog is
+    /// written through the admin API and shared by every replica, so a reference outside
+    /// the prefix would let whoever writes a rule read any secret of any replica. `""`
+    /// exposes every variable (unsafe: only where every catalog writer may read them all).
+    #[serde(default)]
+    pub secret_env_prefix: Option<String>,
+}
+
+impl AdminConfig {
+    /// `secret_env_prefix`, or its default.
+    pub fn secret_env_prefix(&self) -> &str {
+        self.secret_env_prefix
+            .as_deref()
+            .unwrap_or(DEFAULT_SECRET_ENV_PREFIX)
+    }
+}
+
+/// The prefix of the environment variables catalog resources may read by default.
+pub const DEFAULT_SECRET_ENV_PREFIX: &str = "SLUICE_SECRET_";
+
+/// `[targets]`: what targets of catalog resources may reach on this replica.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetsConfig {
+    /// Directories file targets may write under, besides `data_dir` (always allowed).
+    /// Absolute paths; a file target's path must resolve (symlinks followed) inside one.
+    #[serde(default)]
+    pub file_roots: Vec<PathBuf>,
+    /// Let http and function targets reach link-local and cloud metadata addresses
+    /// (169.254.0.0/16, fe80::/10, fd00:ec2::254, 100.100.100.200, 0.0.0.0/8), refused by
+    /// default. Loopback and private (RFC 1918) addresses are always allowed.
+    #[serde(default)]
+    pub allow_private_egress: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -294,6 +348,10 @@ pub struct Limits {
     /// finish. 0 closes at once (Kubernetes: the `preStop` hook does the waiting).
     #[serde(deserialize_with = "duration")]
     pub shutdown_delay: Duration,
+    /// Memory the deduplication records of a standalone gateway may take (webhook delivery
+    /// ids, events of buses with a `dedup_window`); past it the oldest records are dropped
+    /// before their window ends (a late duplicate of one is stored again).
+    pub max_dedup_bytes: usize,
 }
 
 impl Default for Limits {
@@ -308,6 +366,7 @@ impl Default for Limits {
             max_concurrent_requests: 1024,
             max_inflight_bytes: 256 * 1024 * 1024,
             shutdown_delay: Duration::ZERO,
+            max_dedup_bytes: crate::webhooks::dedup::DEFAULT_MAX_BYTES,
         }
     }
 }
@@ -1022,7 +1081,9 @@ impl Channels {
                     .map_err(|m| bad("/rate_limit", format!("bus `{name}`: {m}")))?;
             }
             if let Some(auth) = &bus.auth {
-                auth.resolve()
+                // Not resolved here: a variable missing on this replica closes that bus
+                // here, it does not refuse every change to the catalog (see `admission`).
+                auth.check()
                     .map_err(|m| bad("/auth", format!("bus `{name}`: {m}")))?;
             }
             if bus.shards == 0 || bus.shards > 1024 {
@@ -1165,6 +1226,72 @@ impl Channels {
         Ok(())
     }
 
+    /// The operator's policy for what catalog resources may hold and reach (see
+    /// `targets::check_policy`): secrets only as `env:` references to exposed variables
+    /// (bus keys may also be `sha256:` digests), file targets under the allowed roots,
+    /// http and function targets not at refused addresses. Only the resources whose
+    /// catalog key (`catalog::rule_key`, ...) `changed` accepts are checked: a catalog
+    /// stored before the policy keeps loading, and one old resource does not stop every
+    /// later change (it fails where it is built instead).
+    pub fn check_policy(
+        &self,
+        policy: &crate::targets::TargetPolicy,
+        changed: &dyn Fn(&str) -> bool,
+    ) -> Result<(), Invalid> {
+        let prefix = policy.secret_env_prefix.as_str();
+        for (index, bus) in self.buses.iter().enumerate() {
+            let name = bus.name.get_ref();
+            let Some(auth) = bus
+                .auth
+                .as_ref()
+                .filter(|_| changed(&crate::catalog::bus_key(name)))
+            else {
+                continue;
+            };
+            for (i, key) in auth.keys.iter().enumerate() {
+                crate::ingress::auth::check_key_ref(key, prefix).map_err(|m| {
+                    Invalid::new(
+                        Kind::Bus,
+                        index,
+                        &format!("/auth/keys/{i}"),
+                        format!("bus `{name}`: auth.keys[{i}]: {m}"),
+                    )
+                })?;
+            }
+        }
+        for (index, rule) in self.rules.iter().enumerate() {
+            let name = rule.name.get_ref();
+            if !changed(&crate::catalog::rule_key(rule.bus.get_ref(), name)) {
+                continue;
+            }
+            for (i, target) in rule.targets.iter().enumerate() {
+                crate::targets::check_policy(policy, target).map_err(|(pointer, m)| {
+                    Invalid::new(
+                        Kind::Rule,
+                        index,
+                        &format!("/targets/{i}{pointer}"),
+                        format!("rule `{name}`: target `{}`: {m}", target.name()),
+                    )
+                })?;
+            }
+        }
+        for (index, hook) in self.webhooks.iter().enumerate() {
+            let name = hook.name.get_ref();
+            if !changed(&crate::catalog::webhook_key(name)) {
+                continue;
+            }
+            crate::webhooks::check_catalog_policy(hook, prefix).map_err(|(pointer, m)| {
+                Invalid::new(
+                    Kind::Webhook,
+                    index,
+                    &pointer,
+                    format!("webhook `{name}`: {m}"),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
     pub fn to_toml(&self) -> Result<String, String> {
         toml::to_string(self).map_err(|e| e.to_string())
     }
@@ -1202,12 +1329,22 @@ pub const ENV_KEYS: &[&str] = &[
 impl Config {
     /// Reads, parses, applies environment overrides and checks a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::load_with(path, |_| {})
+    }
+
+    /// `load`, with the command line's overrides applied before the checks (file targets
+    /// are checked against the data directory that will run).
+    pub fn load_with(
+        path: &Path,
+        overrides: impl FnOnce(&mut Config),
+    ) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
         let mut config = Config::parse(path, &text)?;
         config.apply_env(std::env::vars())?;
+        overrides(&mut config);
         config.check(path, &text)?;
         Ok(config)
     }
@@ -1327,8 +1464,20 @@ impl Config {
                 message: "cluster.member_ttl and cluster.lease_ttl must be longer than cluster.heartbeat_interval".to_string(),
             });
         }
+        for root in &self.targets.file_roots {
+            if !root.is_absolute() {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    line: key_line(text, "targets", "file_roots"),
+                    message: format!(
+                        "targets.file_roots: `{}` is not an absolute path",
+                        root.display()
+                    ),
+                });
+            }
+        }
         let channels = self.channels();
-        channels.check().map_err(|e| {
+        let located = |e: Invalid| {
             let line = match e.kind {
                 Kind::Bus => self
                     .buses
@@ -1355,7 +1504,13 @@ impl Config {
                 line: line.unwrap_or(1),
                 message: e.message,
             }
-        })?;
+        };
+        channels.check().map_err(&located)?;
+        // The file's resources seed the catalog: they follow its policy, so the operator
+        // learns of a literal secret or a path outside the roots here, not from the API.
+        channels
+            .check_policy(&crate::targets::TargetPolicy::of(self), &|_| true)
+            .map_err(located)?;
         let buses: HashSet<&str> = self
             .buses
             .iter()
@@ -1389,6 +1544,7 @@ impl Config {
             (l.max_batch_events, "max_batch_events"),
             (l.max_batch_bytes, "max_batch_bytes"),
             (l.max_concurrent_requests, "max_concurrent_requests"),
+            (l.max_dedup_bytes, "max_dedup_bytes"),
         ] {
             if value == 0 {
                 return Err(limit(name));
@@ -1701,7 +1857,7 @@ mod tests {
 name = "orders"
 shards = 3
 dedup_window = "90s"
-auth = { keys = ["clear-key", "sha256:a4ae87b73fa5645e6aee415a6f72be4dcbd99d057a7b40cb1b867c181d179260"] }
+auth = { keys = ["env:SLUICE_SECRET_ORDERS_KEY", "sha256:a4ae87b73fa5645e6aee415a6f72be4dcbd99d057a7b40cb1b867c181d179260"] }
 
 [[rules]]
 name = "big"
@@ -1720,7 +1876,7 @@ rate_limit = 12.5
 max_in_flight = 3
 concurrent = true
 circuit_breaker = { failures = 4, open_for = "45s" }
-auth = { type = "bearer", token = "t0ken" }
+auth = { type = "bearer", token = "env:SLUICE_SECRET_HOOK_TOKEN" }
 [rules.targets.retry]
 max_attempts = 9
 max_event_age = "90s"

@@ -16,7 +16,8 @@ pub(crate) struct Ctl {
         global = true
     )]
     server: String,
-    /// The admin API's bearer token.
+    /// The admin API's bearer token. Without one, the token a gateway generated in its
+    /// data directory (`--data-dir`, or `./data` when the server is on loopback) is used.
     #[arg(
         long,
         env = "SLUICE_ADMIN_TOKEN",
@@ -24,6 +25,10 @@ pub(crate) struct Ctl {
         global = true
     )]
     token: Option<String>,
+    /// The gateway's data directory, where it keeps the token it generated
+    /// (`admin-token`) when none is configured.
+    #[arg(long, env = "SLUICE_DATA_DIR", global = true)]
+    data_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: CtlCommand,
 }
@@ -127,7 +132,11 @@ impl Client {
             request = request.bearer_auth(token);
         }
         if let Some(body) = body {
-            request = request.json(body);
+            // The admin API reads JSON only (files in TOML or YAML are converted here), and
+            // refuses a body of any other type.
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(serde_json::to_vec(body)?);
         }
         let response = request
             .send()
@@ -234,8 +243,11 @@ async fn run_async(ctl: Ctl) -> anyhow::Result<()> {
         http: reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(30))
             .build()?,
+        token: ctl
+            .token
+            .filter(|t| !t.is_empty())
+            .or_else(|| generated_token(&ctl.server, ctl.data_dir.as_deref())),
         server: ctl.server,
-        token: ctl.token.filter(|t| !t.is_empty()),
     };
     use reqwest::Method;
     match ctl.command {
@@ -392,6 +404,29 @@ async fn run_async(ctl: Ctl) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The token a gateway generated (`{data_dir}/admin-token`): from `--data-dir`, or from
+/// `./data` (the default data directory) when the server is on this machine's loopback,
+/// so a token of this machine is never sent elsewhere unasked.
+fn generated_token(server: &str, data_dir: Option<&Path>) -> Option<String> {
+    let dir = match data_dir {
+        Some(dir) => dir.to_path_buf(),
+        None => {
+            let host = reqwest::Url::parse(server).ok()?.host_str()?.to_string();
+            let local = host == "localhost"
+                || host
+                    .trim_matches(['[', ']'])
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback());
+            if !local {
+                return None;
+            }
+            PathBuf::from("./data")
+        }
+    };
+    let text = std::fs::read_to_string(dir.join(sluice::api::TOKEN_FILE)).ok()?;
+    Some(text.trim().to_string()).filter(|t| !t.is_empty())
 }
 
 async fn control(

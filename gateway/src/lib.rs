@@ -8,6 +8,7 @@
 #![recursion_limit = "512"]
 
 pub mod admin;
+pub mod admission;
 pub mod api;
 pub mod app;
 pub mod catalog;

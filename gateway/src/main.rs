@@ -152,13 +152,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             data_dir,
         } => {
-            let mut config = Config::load(&config)?;
-            if let Some(listen) = listen {
-                config.listen = listen;
-            }
-            if let Some(dir) = data_dir {
-                config.data_dir = dir;
-            }
+            let config = Config::load_with(&config, |config| {
+                if let Some(listen) = listen {
+                    config.listen = listen;
+                }
+                if let Some(dir) = data_dir {
+                    config.data_dir = dir;
+                }
+            })?;
             let export = init_logging(&config)?;
             let unknown: Vec<String> = std::env::vars()
                 .map(|(k, _)| k)

@@ -102,6 +102,12 @@ pub struct Metrics {
     pub leases_held: Gauge,
     pub lease_losses: Counter,
     pub rebalances: Counter,
+    /// The standalone dedup records (webhook delivery ids and bus `source`/`id` keys).
+    pub dedup_entries: Gauge,
+    pub dedup_memory: Gauge,
+    pub dedup_file: Gauge,
+    pub dedup_compactions: Counter,
+    pub dedup_evicted: Counter,
 }
 
 static METRICS: OnceLock<Metrics> = OnceLock::new();
@@ -272,6 +278,38 @@ impl Metrics {
             "Rebalance rounds in which this replica stopped tasks (moved, paused, restarted or ended)",
             rebalances.clone(),
         );
+        let dedup_entries = Gauge::default();
+        r.register(
+            "dedup_entries",
+            "Deduplication records held in memory (standalone: webhook delivery ids and events of buses with a dedup_window)",
+            dedup_entries.clone(),
+        );
+        let dedup_memory = Gauge::default();
+        r.register_with_unit(
+            "dedup_memory",
+            "Memory the deduplication records hold (estimated per record; bounded by limits.max_dedup_bytes)",
+            Unit::Bytes,
+            dedup_memory.clone(),
+        );
+        let dedup_file = Gauge::default();
+        r.register_with_unit(
+            "dedup_file",
+            "Size of the deduplication file in the data directory (compacted as it grows)",
+            Unit::Bytes,
+            dedup_file.clone(),
+        );
+        let dedup_compactions = Counter::default();
+        r.register(
+            "dedup_compactions",
+            "Rewrites of the deduplication file without its expired records",
+            dedup_compactions.clone(),
+        );
+        let dedup_evicted = Counter::default();
+        r.register(
+            "dedup_evicted",
+            "Deduplication records dropped before their window ended to stay under limits.max_dedup_bytes (a late duplicate of one is stored again)",
+            dedup_evicted.clone(),
+        );
         Metrics {
             registry: root,
             ingress_requests,
@@ -298,6 +336,11 @@ impl Metrics {
             leases_held,
             lease_losses,
             rebalances,
+            dedup_entries,
+            dedup_memory,
+            dedup_file,
+            dedup_compactions,
+            dedup_evicted,
         }
     }
 
@@ -409,6 +452,38 @@ impl Metrics {
             .clone()
     }
 
+    /// Drops every series of subscriptions and tasks that left the catalog: their ids
+    /// (`bus/rule/target`) and their tasks' (`bus/rule/target#shard`). Handles the delivery
+    /// path still holds count on, unexported, until it lets them go.
+    pub fn forget_subscriptions(&self, ids: &[String]) {
+        let mut states = self.task_states.lock().unwrap_or_else(|p| p.into_inner());
+        for id in ids {
+            let labels = SubscriptionLabels {
+                subscription: id.clone(),
+            };
+            for family in [
+                &self.matched,
+                &self.delivered,
+                &self.failed,
+                &self.retried,
+                &self.dead_lettered,
+                &self.expired,
+            ] {
+                family.remove(&labels);
+            }
+            self.delivery_duration.remove(&labels);
+            self.event_latency.remove(&labels);
+            if let Some(old) = states.remove(id) {
+                self.task_state.remove(&old);
+            }
+            if let Some((subscription, shard)) = id.rsplit_once('#') {
+                if let Ok(shard) = shard.parse::<u32>() {
+                    self.forget_lag(subscription, shard);
+                }
+            }
+        }
+    }
+
     /// Drops the lag series of a subscription's shard (the subscription was removed).
     pub fn forget_lag(&self, subscription: &str, shard: u32) {
         let labels = SubscriptionShardLabels {
@@ -479,5 +554,25 @@ mod tests {
         assert!(text.contains("state=\"PAUSED\"} 1"), "{text}");
         assert!(!text.contains("state=\"RUNNING\""), "{text}");
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn forgotten_subscriptions_leave_no_series() {
+        let m = Metrics::new();
+        m.subscription("b/gone/t").delivered.inc();
+        m.subscription("b/kept/t").delivered.inc();
+        m.task_state("b/gone/t#0", "w1", "RUNNING");
+        m.task_state("b/kept/t#0", "w1", "RUNNING");
+        m.lag("b/gone/t", 0).set(3);
+        m.forget_subscriptions(&["b/gone/t".to_string(), "b/gone/t#0".to_string()]);
+        let text = m.encode().unwrap();
+        assert!(!text.contains("b/gone/t"), "{text}");
+        assert!(
+            text.contains(
+                "sluice_subscription_delivered_events_total{subscription=\"b/kept/t\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("task=\"b/kept/t#0\""), "{text}");
     }
 }

@@ -15,10 +15,11 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::error_handling::HandleErrorLayer;
 use axum::extract::{RawQuery, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Json, Router};
 use serde_json::json;
 use tokio::sync::watch;
 
@@ -58,6 +59,22 @@ pub struct History {
     /// When the signal was last asked for: nobody asking, nothing is sampled (it costs
     /// reads of every shard's positions).
     asked: Mutex<Option<Instant>>,
+    /// The latest reading of the stores, shared by every request (whatever its query) for
+    /// `CACHE_FOR`: a flood of requests reads the stores once a second. An async lock, so
+    /// that concurrent requests wait for the one reading instead of each making its own.
+    latest: tokio::sync::Mutex<Option<Arc<Reading>>>,
+    /// How many readings were made (the cache's effect, for tests).
+    readings: std::sync::atomic::AtomicU64,
+}
+
+/// How long a reading of the stores answers requests.
+const CACHE_FOR: Duration = Duration::from_secs(1);
+
+/// The cluster's backlog and membership, read at `at`.
+struct Reading {
+    at: Instant,
+    snap: Snapshot,
+    replicas: u64,
 }
 
 /// How long after the last request the backlog is still sampled.
@@ -100,6 +117,24 @@ impl History {
                 Some((id.clone(), Rate { total, shards }))
             })
             .collect()
+    }
+
+    /// The latest reading if it is younger than `CACHE_FOR`, else a new one from `read`
+    /// (one at a time: concurrent callers share it).
+    async fn reading<F, Fut>(&self, read: F) -> Result<Arc<Reading>, StoreError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Reading, StoreError>>,
+    {
+        let mut latest = self.latest.lock().await;
+        if let Some(reading) = latest.as_ref().filter(|r| r.at.elapsed() < CACHE_FOR) {
+            return Ok(reading.clone());
+        }
+        self.readings
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let reading = Arc::new(read().await?);
+        *latest = Some(reading.clone());
+        Ok(reading)
     }
 
     pub(crate) fn asked_now(&self) {
@@ -267,6 +302,27 @@ fn parse_query(query: Option<&str>) -> Result<(u64, Option<u64>), (String, Strin
     Ok((target_lag, max))
 }
 
+/// The router of `GET /api/v1/scaling` (open like `/metrics`) within `[limits]`: at most
+/// `max_concurrent_requests` at once (more are shed with 503) and each within
+/// `request_timeout`.
+pub fn within_limits(router: Router, limits: &crate::config::Limits) -> Router {
+    router.layer(
+        tower::ServiceBuilder::new()
+            .layer(HandleErrorLayer::new(|e: tower::BoxError| async move {
+                if e.is::<tower::timeout::error::Elapsed>() {
+                    Problem::request_timeout("limits.request_timeout")
+                } else {
+                    Problem::overloaded()
+                }
+            }))
+            .load_shed()
+            .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+                limits.max_concurrent_requests,
+            ))
+            .timeout(limits.request_timeout),
+    )
+}
+
 /// `GET /api/v1/scaling[?target_lag=N&max_replicas=M]`.
 pub async fn handler(
     State(state): State<Arc<IngressState>>,
@@ -277,15 +333,23 @@ pub async fn handler(
         Err((field, detail)) => return Problem::bad_request(field, detail).into_response(),
     };
     state.scaling.asked_now();
-    let now = Instant::now();
-    let snap = match snapshot(&state).await {
-        Ok(s) => s,
+    let reading = state
+        .scaling
+        .reading(|| async {
+            let snap = snapshot(&state).await?;
+            let replicas = state.cluster.members().await?.len() as u64;
+            Ok(Reading {
+                at: Instant::now(),
+                snap,
+                replicas,
+            })
+        })
+        .await;
+    let reading = match reading {
+        Ok(r) => r,
         Err(e) => return Problem::unavailable(e.to_string(), 2).into_response(),
     };
-    let replicas = match state.cluster.members().await {
-        Ok(members) => members.len() as u64,
-        Err(e) => return Problem::unavailable(e.to_string(), 2).into_response(),
-    };
+    let (now, snap, replicas) = (reading.at, &reading.snap, reading.replicas);
     let (trend, rate, window) = match state.scaling.baseline(now) {
         Some(base) if now.duration_since(base.at) >= SAMPLE_EVERY => {
             let secs = now.duration_since(base.at).as_secs_f64();
@@ -365,6 +429,67 @@ mod tests {
         assert_eq!(rates["a"].shards, [10.0, 20.0]);
         assert_eq!(rates["a"].total, 30.0);
         assert_eq!(rates["b"].total, 24.0, "measured from its own first sample");
+    }
+
+    fn reading(at: Instant) -> Reading {
+        Reading {
+            at,
+            snap: Snapshot {
+                lag: 0,
+                progress: 0,
+                by_subscription: Vec::new(),
+                progress_by_subscription: std::collections::HashMap::new(),
+                tasks: 0,
+            },
+            replicas: 1,
+        }
+    }
+
+    /// A flood of requests reads the stores once a second, concurrent ones included.
+    #[tokio::test]
+    async fn readings_are_shared_for_a_second() {
+        let history = Arc::new(History::default());
+        let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut calls = Vec::new();
+        for _ in 0..50 {
+            let (history, reads) = (history.clone(), reads.clone());
+            calls.push(tokio::spawn(async move {
+                history
+                    .reading(|| async move {
+                        reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok(reading(Instant::now()))
+                    })
+                    .await
+                    .unwrap();
+            }));
+        }
+        for call in calls {
+            call.await.unwrap();
+        }
+        assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(
+            history.readings.load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        // An old reading is read again.
+        *history.latest.lock().await = Some(Arc::new(reading(Instant::now() - CACHE_FOR * 2)));
+        history
+            .reading(|| async { Ok(reading(Instant::now())) })
+            .await
+            .unwrap();
+        assert_eq!(
+            history.readings.load(std::sync::atomic::Ordering::Relaxed),
+            2
+        );
+        // A failed reading is not kept.
+        let failed = history.latest.lock().await.take();
+        assert!(failed.is_some());
+        assert!(history
+            .reading(|| async { Err(StoreError::Unavailable("down".to_string())) })
+            .await
+            .is_err());
+        assert!(history.latest.lock().await.is_none());
     }
 
     #[test]

@@ -51,11 +51,16 @@ pub async fn serve(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                // The peer's address, for handlers that need it (the admin API's loopback rule).
+                // The peer's address and the one it connected to, for handlers that need
+                // them (the admin API's loopback rule and its `Host` check).
+                let local = stream.local_addr().ok();
                 let service = TowerToHyperService::new(
                     tower::ServiceBuilder::new()
                         .map_request(move |mut request: http::Request<hyper::body::Incoming>| {
                             request.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+                            if let Some(local) = local {
+                                request.extensions_mut().insert(crate::api::LocalAddr(local));
+                            }
                             request
                         })
                         .service(router.clone()),

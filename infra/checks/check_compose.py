@@ -20,6 +20,9 @@ import yaml
 from sluice_config import INFRA, check_config, image_env
 
 REPLICAS = ["sluice-1", "sluice-2", "sluice-3"]
+# The admin token comes from the environment of `compose up`, required, with no default:
+# `${SLUICE_ADMIN_TOKEN:?message}` (a default would be a token everyone knows).
+REQUIRED_TOKEN = re.compile(r"^\$\{SLUICE_ADMIN_TOKEN:?\?[^}]*\}$")
 # Services that run once and exit: a health check means nothing for them.
 ONE_SHOT = {"producer"}
 
@@ -131,6 +134,13 @@ def check(compose_path, binary):
             if host in host_ports:
                 problems.append(f"{name}: host port {host} used twice")
             host_ports.add(host)
+            if not host.startswith("127.0.0.1:"):
+                problems.append(f"{name}: port {port} is published on every interface (publish the demo on 127.0.0.1)")
+        token = str(as_env(svc.get("environment")).get("SLUICE_ADMIN_TOKEN", ""))
+        if not REQUIRED_TOKEN.match(token):
+            problems.append(
+                f"{name}: SLUICE_ADMIN_TOKEN is {token!r}: it must come from the environment with no default (${{SLUICE_ADMIN_TOKEN:?...}})"
+            )
         test = " ".join((svc.get("healthcheck") or {}).get("test") or [])
         listen_port = env.get("SLUICE_LISTEN", "").rsplit(":", 1)[-1]
         if not re.search(rf"127\.0\.0\.1:{listen_port}/(readyz|healthz)\b", test):
@@ -146,7 +156,12 @@ def check(compose_path, binary):
         if mounted is None:
             problems.append(f"{name}: nothing is mounted at SLUICE_CONFIG ({config_target})")
             continue
-        ok, output = check_config(binary, mounted, {k: v for k, v in env.items() if k.startswith("SLUICE_")})
+        if re.search(r"^\s*allow_local_without_token\s*=\s*true", mounted.read_text(), re.MULTILINE):
+            problems.append(f"{name}: {mounted.name} sets admin.allow_local_without_token (the demo must require a token)")
+        checked_env = {k: v for k, v in env.items() if k.startswith("SLUICE_")}
+        # A stand-in for the token `compose up` requires from its environment.
+        checked_env["SLUICE_ADMIN_TOKEN"] = "check-config"
+        ok, output = check_config(binary, mounted, checked_env)
         if not ok:
             problems.append(f"{name}: sluice check-config {mounted} failed: {output}")
     return problems

@@ -11,8 +11,10 @@
    Operator's ServiceMonitor with JSON Schemas made from the cloudcoil models of their CRDs.
 3. Checks what the schemas cannot: probes on /healthz and /readyz, a preStop and a grace
    period that covers Sluice's drain, resources, the security context, selectors that
-   match, autoscalers that point at the workload, and the rendered configuration itself
-   with `sluice check-config`, in the container's environment.
+   match, autoscalers that point at the workload, the admin API (a required token Secret,
+   a port of its own on no Service, admitted by the NetworkPolicy only from selected
+   peers), and the rendered configuration itself with `sluice check-config`, in the
+   container's environment.
 
 Exits 1 listing every problem found.
 """
@@ -44,6 +46,8 @@ CRD_MODELS = {
 # stopping tasks, committing and releasing leases takes a few seconds more.
 DRAIN_SECONDS = 30
 STOP_SECONDS = 5
+# The Secret holding SLUICE_ADMIN_TOKEN, which the operator creates (never in the build).
+ADMIN_SECRET = "sluice-admin"
 
 
 def strict(schema):
@@ -224,6 +228,8 @@ def check_workload(overlay, docs, binary):
             if not ok:
                 say(f"sluice check-config of ConfigMap {config_map_name} failed: {output}")
 
+    problems += check_admin(overlay, sluice, by_kind, env, config_maps.get(config_map_name))
+
     # Mode-specific shape.
     if overlay == "standalone":
         if spec.get("replicas") != 1:
@@ -264,6 +270,46 @@ def check_workload(overlay, docs, binary):
     return problems
 
 
+def check_admin(overlay, container, by_kind, env, config_map):
+    """The admin API requires a token and listens on a port of its own that only operator
+    pods may reach: the token's Secret is not optional, no configuration opts out of the
+    token, the admin port is on no Service, and the NetworkPolicy admits it only `from`
+    selected peers."""
+    problems = []
+    say = lambda text: problems.append(f"overlay {overlay}: {text}")  # noqa: E731
+    token = next((v for v in container.get("env") or [] if v["name"] == "SLUICE_ADMIN_TOKEN"), None)
+    ref = ((token or {}).get("valueFrom") or {}).get("secretKeyRef")
+    if not ref:
+        say("SLUICE_ADMIN_TOKEN does not come from a Secret (the admin API must require a token)")
+    elif ref.get("optional", False) is not False:
+        say(f"SLUICE_ADMIN_TOKEN's Secret {ref.get('name')} is optional: without it the admin API would run without a token")
+    for text in ((config_map or {}).get("data") or {}).values():
+        if any(line.split("#", 1)[0].replace(" ", "") == "allow_local_without_token=true" for line in text.splitlines()):
+            say("the configuration sets admin.allow_local_without_token")
+    listen = env.get("SLUICE_ADMIN_LISTEN", "")
+    ports = {p.get("name"): p.get("containerPort") for p in container.get("ports") or []}
+    admin_port = listen.rsplit(":", 1)[-1]
+    if not listen or "admin" not in ports or str(ports["admin"]) != admin_port:
+        say(f"the admin API is not on its own container port named admin (SLUICE_ADMIN_LISTEN={listen!r}, ports {ports})")
+        return problems
+    if ports["admin"] == ports.get("http"):
+        say("the admin port is the HTTP port")
+    for doc in by_kind.get("Service", []):
+        for port in doc["spec"]["ports"]:
+            if port.get("targetPort") in ("admin", ports["admin"]):
+                say(f"{where(doc)} exposes the admin port")
+    policies = by_kind.get("NetworkPolicy", [])
+    if not policies:
+        say("no NetworkPolicy restricts the admin port")
+    for doc in policies:
+        for rule in doc["spec"].get("ingress") or []:
+            rule_ports = {p.get("port") for p in rule.get("ports") or []}
+            reaches_admin = not rule_ports or rule_ports & {"admin", ports["admin"]}
+            if reaches_admin and not rule.get("from"):
+                say(f"{where(doc)} admits the admin port from anywhere")
+    return problems
+
+
 def resolve_env(container, workload, by_kind, problems, overlay):
     """The container's variables as the pod sees them (Secrets and ConfigMaps of this build,
     the pod name for fieldRef metadata.name)."""
@@ -277,8 +323,9 @@ def resolve_env(container, workload, by_kind, problems, overlay):
         if "secretKeyRef" in source:
             ref = source["secretKeyRef"]
             secret = secrets.get(ref["name"])
-            if ref.get("optional") and secret is None:
-                # An optional Secret the operator creates (the admin token): not set here.
+            if secret is None and ref["name"] == ADMIN_SECRET:
+                # The operator creates it (the admin token); required, checked below.
+                env[var["name"]] = "operator-secret"
                 continue
             if secret is None or ref["key"] not in (secret.get("data") or {}):
                 problems.append(f"overlay {overlay}: {var['name']} refers to Secret {ref['name']} key {ref['key']}, not in this build")

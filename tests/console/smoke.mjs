@@ -12,7 +12,8 @@
 //
 // playwright-core is loaded from the current directory's node_modules (or PLAYWRIGHT_CORE),
 // Chromium from CHROMIUM (default /usr/bin/chromium). The gateway must answer the admin
-// API without a token (loopback, no admin.tokens), or set SLUICE_ADMIN_TOKEN here too.
+// API without a token (loopback with admin.allow_local_without_token = true, as the Makefile
+// sets), or set SLUICE_ADMIN_TOKEN here too.
 // CONSOLE_DIR=gateway/console serves the console's files from that directory instead of the
 // binary's copy (with the same headers), to try changes without rebuilding.
 //

@@ -58,8 +58,11 @@ pub struct SluiceBuilder {
     log: &'static str,
     commit_interval: &'static str,
     extra: String,
+    admin: String,
+    listen_ip: &'static str,
     env: Vec<(String, String)>,
     data_dir: Option<PathBuf>,
+    file_roots: Vec<PathBuf>,
 }
 
 impl SluiceBuilder {
@@ -130,8 +133,31 @@ impl SluiceBuilder {
         self
     }
 
+    /// The lines of the `[admin]` table, instead of the default
+    /// `allow_local_without_token = true` (tests talk to the admin API from loopback
+    /// without a token unless they say otherwise).
+    pub fn admin(mut self, lines: &str) -> Self {
+        self.admin = lines.to_string();
+        self
+    }
+
+    /// The address `--listen` binds (`"::"`, say), on the same port; clients still use
+    /// 127.0.0.1.
+    pub fn listen_ip(mut self, ip: &'static str) -> Self {
+        self.listen_ip = ip;
+        self
+    }
+
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// A directory file targets may write to besides the data directory
+    /// (`targets.file_roots`): another replica's data directory, say. (A test that sets
+    /// other `[targets]` keys writes the whole table with `extra` instead.)
+    pub fn file_root(mut self, dir: &Path) -> Self {
+        self.file_roots.push(dir.to_path_buf());
         self
     }
 
@@ -169,6 +195,10 @@ commit_interval = "{commit_interval}"
 initial_backoff = "20ms"
 max_backoff = "200ms"
 
+[admin]
+{admin}
+
+{targets}
 [[buses]]
 name = "default"
 shards = {shards}
@@ -184,6 +214,13 @@ shards = {shards}
             commit_interval = self.commit_interval,
             shards = self.shards,
             extra = self.extra,
+            admin = self.admin,
+            // Only when asked for: a test may write its own `[targets]` with `extra`.
+            targets = if self.file_roots.is_empty() {
+                String::new()
+            } else {
+                format!("[targets]\nfile_roots = {:?}\n", self.file_roots)
+            },
             default_rule = if self.default_rule {
                 "[[rules]]\nname = \"all-events\"\nbus = \"default\"\n\n[[rules.targets]]\ntype = \"file\"\nname = \"delivered\"\npath = \"{data_dir}/delivered.jsonl\"\n"
             } else {
@@ -197,6 +234,7 @@ shards = {shards}
             dir,
             config,
             data_dir,
+            listen_ip: self.listen_ip,
             env: self.env,
             starts: 0,
             started: false,
@@ -212,6 +250,7 @@ pub struct Sluice {
     dir: TempDir,
     config: PathBuf,
     data_dir: PathBuf,
+    listen_ip: &'static str,
     env: Vec<(String, String)>,
     starts: u32,
     /// Whether it was ever ready (a restart must keep its port).
@@ -231,8 +270,11 @@ impl Sluice {
             log: "info,sluice=debug",
             commit_interval: "50ms",
             extra: String::new(),
+            admin: "allow_local_without_token = true".to_string(),
+            listen_ip: "127.0.0.1",
             env: Vec::new(),
             data_dir: None,
+            file_roots: Vec::new(),
         }
     }
 
@@ -278,7 +320,7 @@ impl Sluice {
                 .arg("--config")
                 .arg(&self.config)
                 .arg("--listen")
-                .arg(self.addr().to_string())
+                .arg(SocketAddr::new(self.listen_ip.parse().unwrap(), self.port).to_string())
                 .arg("--data-dir")
                 .arg(&self.data_dir)
                 .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -535,6 +577,24 @@ impl Sluice {
     pub async fn running_lanes(&self) -> std::collections::BTreeMap<String, String> {
         self.running(|id| id.contains('#') && id.matches('/').count() == 2)
             .await
+    }
+
+    /// The ids of the connectors this replica's running catalog has
+    /// (`GET /api/v1/connectors`), sorted; `None` while it does not answer.
+    pub async fn connectors(&self) -> Option<Vec<String>> {
+        let view: Value = reqwest::get(self.url("/api/v1/connectors"))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        let mut ids: Vec<String> = view["items"]
+            .as_array()?
+            .iter()
+            .filter_map(|c| c["id"].as_str().map(str::to_string))
+            .collect();
+        ids.sort();
+        Some(ids)
     }
 
     async fn running(

@@ -630,16 +630,20 @@ async fn resources_crud_validation_and_concurrency_distributed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rule_made_on_one_replica_runs_on_the_other_and_survives_a_restart_with_the_old_file() {
     let (url, prefix) = shared_redis("admin-replicas");
+    // b's data directory, where a may write too (`targets.file_roots`).
+    let b_data = tempfile::tempdir().unwrap();
     let a = Sluice::builder()
         .durability("os")
         .distributed(&url, &prefix)
         .shards(2)
+        .file_root(b_data.path())
         .start()
         .await;
     let mut b = Sluice::builder()
         .durability("os")
         .distributed(&url, &prefix)
         .shards(2)
+        .data_dir(b_data.path())
         .start()
         .await;
     a.wait_members(2).await;
@@ -762,7 +766,7 @@ async fn admin_credentials() {
     };
     assert!(hash.starts_with("sha256:"), "{hash}");
     let sluice = Sluice::builder()
-        .extra(&format!("[admin]\ntokens = [\"{hash}\"]\n"))
+        .admin(&format!("tokens = [\"{hash}\"]"))
         .start()
         .await;
     let recorder = Recorder::default();
@@ -815,7 +819,9 @@ async fn admin_credentials() {
 async fn admin_listen_serves_the_admin_api_apart_from_ingress() {
     let port = free_port();
     let sluice = Sluice::builder()
-        .extra(&format!("[admin]\nlisten = \"127.0.0.1:{port}\"\n"))
+        .admin(&format!(
+            "allow_local_without_token = true\nlisten = \"127.0.0.1:{port}\""
+        ))
         .start()
         .await;
     let on_ingress = reqwest::get(sluice.url("/api/v1/buses")).await.unwrap();
@@ -872,7 +878,11 @@ fn stdout(out: &std::process::Output) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctl_apply_is_idempotent_prunes_and_dry_runs() {
-    let sluice = Sluice::builder().durability("os").start().await;
+    let sluice = Sluice::builder()
+        .durability("os")
+        .env("SLUICE_SECRET_TEST_GH", "gh-secret")
+        .start()
+        .await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("channels.toml");
     let out_path = sluice.data_dir().join("gitops.jsonl");
@@ -941,11 +951,11 @@ async fn ctl_apply_is_idempotent_prunes_and_dry_runs() {
         err.contains("400") && err.contains("/webhooks/0/verify/secret"),
         "{err}"
     );
-    // With an `env:` reference it is applied (the variable need not be set for the apply
-    // to be checked; `PUT` asks for it) and listed.
+    // With an `env:` reference to a variable the replica has, it is applied and listed
+    // (one it does not have is refused: see catalog_resilience).
     std::fs::write(
         &hooks,
-        "[[webhooks]]\nname = \"gh\"\nbus = \"default\"\nverify = { preset = \"github\", secret = \"env:SLUICE_TEST_GH_SECRET\" }\n",
+        "[[webhooks]]\nname = \"gh\"\nbus = \"default\"\nverify = { preset = \"github\", secret = \"env:SLUICE_SECRET_TEST_GH\" }\n",
     )
     .unwrap();
     let applied = stdout(&ctl(
@@ -956,7 +966,7 @@ async fn ctl_apply_is_idempotent_prunes_and_dry_runs() {
     assert!(applied.contains("webhook/gh created"), "{applied}");
     let listed = stdout(&ctl(&sluice, &["get", "webhooks"], None));
     assert!(
-        listed.contains("\"gh\"") && listed.contains("SLUICE_TEST_GH_SECRET"),
+        listed.contains("\"gh\"") && listed.contains("SLUICE_SECRET_TEST_GH"),
         "{listed}"
     );
     let gone = stdout(&ctl(&sluice, &["delete", "webhook", "gh"], None));
@@ -1359,7 +1369,9 @@ async fn the_console_is_served_next_to_the_admin_api() {
     // own origin) and not on the ingress address.
     let port = free_port();
     let apart = Sluice::builder()
-        .extra(&format!("[admin]\nlisten = \"127.0.0.1:{port}\"\n"))
+        .admin(&format!(
+            "allow_local_without_token = true\nlisten = \"127.0.0.1:{port}\""
+        ))
         .start()
         .await;
     let there = client
@@ -1689,19 +1701,25 @@ async fn retention_by_size_keeps_the_newest_bytes_of_passed_events() {
 async fn webhook_sources_made_through_the_api_are_served_by_every_replica() {
     const HOOK: &str = "/api/v1/webhooks/{name}";
     let (url, prefix) = shared_redis("admin-webhooks");
-    let start = |with_secret: bool| {
+    // a's data directory, where every replica writes the events (`targets.file_roots`).
+    let a_data = tempfile::tempdir().unwrap();
+    let start = |with_secret: bool, own: bool| {
         let mut builder = Sluice::builder()
             .durability("os")
             .distributed(&url, &prefix)
-            .shards(2);
+            .shards(2)
+            .file_root(a_data.path());
+        if own {
+            builder = builder.data_dir(a_data.path());
+        }
         if with_secret {
-            builder = builder.env("HOOK_KEY", "k-123");
+            builder = builder.env("SLUICE_SECRET_HOOK_KEY", "k-123");
         }
         builder.start()
     };
-    let a = start(true).await;
-    let b = start(true).await;
-    let c = start(false).await;
+    let a = start(true, true).await;
+    let b = start(true, false).await;
+    let c = start(false, false).await;
     a.wait_members(3).await;
     let recorder = Recorder::default();
     let api_a = api(&a, &recorder);
@@ -1727,11 +1745,15 @@ async fn webhook_sources_made_through_the_api_are_served_by_every_replica() {
     for (body, pointer, says) in [
         (hook("k-123", "api-key"), "/verify/secret", "env:NAME"),
         (
-            hook("env:NOT_SET_ANYWHERE", "api-key"),
+            hook("env:SLUICE_SECRET_NOT_SET_ANYWHERE", "api-key"),
             "/verify/secret",
             "NOT_SET_ANYWHERE",
         ),
-        (hook("env:HOOK_KEY", "nope"), "/verify/preset", "nope"),
+        (
+            hook("env:SLUICE_SECRET_HOOK_KEY", "nope"),
+            "/verify/preset",
+            "nope",
+        ),
     ] {
         let refused = api_a.put(HOOK, "/api/v1/webhooks/orders", body).await;
         assert_eq!(refused.status, 400, "{}", refused.body);
@@ -1742,7 +1764,7 @@ async fn webhook_sources_made_through_the_api_are_served_by_every_replica() {
             refused.body
         );
     }
-    let mut elsewhere = hook("env:HOOK_KEY", "api-key");
+    let mut elsewhere = hook("env:SLUICE_SECRET_HOOK_KEY", "api-key");
     elsewhere["bus"] = json!("missing");
     let refused = api_a.put(HOOK, "/api/v1/webhooks/orders", elsewhere).await;
     assert_eq!(refused.status, 404, "{}", refused.body);
@@ -1763,14 +1785,17 @@ async fn webhook_sources_made_through_the_api_are_served_by_every_replica() {
         .put(
             HOOK,
             "/api/v1/webhooks/orders",
-            hook("env:HOOK_KEY", "api-key"),
+            hook("env:SLUICE_SECRET_HOOK_KEY", "api-key"),
         )
         .await;
     assert_eq!(created.status, 201, "{}", created.body);
     assert_eq!(created.headers["location"], "/api/v1/webhooks/orders");
     assert_eq!(created.body["origin"], "catalog");
     assert_eq!(created.body["path"], "/webhooks/orders");
-    assert_eq!(created.body["verify"]["secret"], "env:HOOK_KEY");
+    assert_eq!(
+        created.body["verify"]["secret"],
+        "env:SLUICE_SECRET_HOOK_KEY"
+    );
 
     // Replica b serves it within seconds, without a restart.
     let t0 = Instant::now();
@@ -1799,7 +1824,7 @@ async fn webhook_sources_made_through_the_api_are_served_by_every_replica() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // Replica c has no HOOK_KEY: it says so, and answers 503 rather than 404 or 401.
+    // Replica c lacks the variable: it says so, and answers 503 rather than 404 or 401.
     let api_c = api(&c, &recorder);
     let t0 = Instant::now();
     loop {
@@ -1824,7 +1849,7 @@ async fn webhook_sources_made_through_the_api_are_served_by_every_replica() {
         .text()
         .await
         .unwrap()
-        .contains("environment variable HOOK_KEY"));
+        .contains("environment variable SLUICE_SECRET_HOOK_KEY"));
 
     wait_ids(&a, "hooks.jsonl", &["d-1"]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;

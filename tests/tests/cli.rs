@@ -183,7 +183,7 @@ async fn each_environment_override_applies_and_flags_win() {
     // The file says otherwise for every key the variables set.
     std::fs::write(
         &config,
-        "listen = \"127.0.0.1:1\"\ndata_dir = \"/nonexistent/sluice\"\nlog = \"warn\"\nlog_format = \"text\"\nmode = \"standalone\"\ndurability = \"fsync\"\n\n[[buses]]\nname = \"default\"\nshards = 1\n",
+        "listen = \"127.0.0.1:1\"\ndata_dir = \"/nonexistent/sluice\"\nlog = \"warn\"\nlog_format = \"text\"\nmode = \"standalone\"\ndurability = \"fsync\"\n\n[admin]\nallow_local_without_token = true\n\n[[buses]]\nname = \"default\"\nshards = 1\n",
     )
     .unwrap();
     let (url, prefix) = sluice_tests::shared_redis("env");

@@ -52,9 +52,9 @@ async fn http_target_binary_mode_carries_attributes_headers_and_bearer_auth() {
     let sluice = with_http_target(
         "hook",
         &receiver.url("/hook"),
-        "headers = { x-team = \"blue\" }\nauth = { type = \"bearer\", token = \"env:HOOK_TOKEN\" }",
+        "headers = { x-team = \"blue\" }\nauth = { type = \"bearer\", token = \"env:SLUICE_SECRET_HOOK_TOKEN\" }",
     )
-    .env("HOOK_TOKEN", "t0ken")
+    .env("SLUICE_SECRET_HOOK_TOKEN", "t0ken")
     .start()
     .await;
     let client = reqwest::Client::new();
@@ -96,13 +96,18 @@ async fn http_target_structured_and_raw_modes_with_basic_and_api_key_auth() {
     let extra = http_rule(
         "structured",
         &structured.url("/s"),
-        "mode = \"structured\"\nauth = { type = \"basic\", username = \"u\", password = \"p\" }",
+        "mode = \"structured\"\nauth = { type = \"basic\", username = \"u\", password = \"env:SLUICE_SECRET_BASIC\" }",
     ) + &http_rule(
         "raw",
         &raw.url("/r"),
-        "mode = \"raw\"\nauth = { type = \"api-key\", header = \"x-api-key\", key = \"k1\" }",
+        "mode = \"raw\"\nauth = { type = \"api-key\", header = \"x-api-key\", key = \"env:SLUICE_SECRET_API_KEY\" }",
     );
-    let sluice = Sluice::builder().extra(&extra).start().await;
+    let sluice = Sluice::builder()
+        .extra(&extra)
+        .env("SLUICE_SECRET_BASIC", "p")
+        .env("SLUICE_SECRET_API_KEY", "k1")
+        .start()
+        .await;
     post(
         &reqwest::Client::new(),
         &sluice.events_url(),
@@ -140,8 +145,9 @@ async fn http_target_signatures_verify_with_standardwebhooks_package() {
     let sluice = with_http_target(
         "signed",
         &receiver.url("/signed"),
-        &format!("signing_secret = \"{secret}\""),
+        "signing_secret = \"env:SLUICE_SECRET_SIGNING\"",
     )
+    .env("SLUICE_SECRET_SIGNING", secret)
     .start()
     .await;
     let client = reqwest::Client::new();

@@ -433,8 +433,10 @@ async fn redirects_are_not_followed_and_dead_letter_with_their_location() {
     let sluice = with_http_target(
         "hook",
         &receiver.url("/hook"),
-        "signing_secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\nauth = { type = \"api-key\", header = \"x-api-key\", key = \"s3cret\" }\n[rules.targets.dead_letter.target]\ntype = \"file\"\nname = \"dead\"\npath = \"{data_dir}/dead.jsonl\"",
+        "signing_secret = \"env:SLUICE_SECRET_SIGNING\"\nauth = { type = \"api-key\", header = \"x-api-key\", key = \"env:SLUICE_SECRET_API_KEY\" }\n[rules.targets.dead_letter.target]\ntype = \"file\"\nname = \"dead\"\npath = \"{data_dir}/dead.jsonl\"",
     )
+    .env("SLUICE_SECRET_SIGNING", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+    .env("SLUICE_SECRET_API_KEY", "s3cret")
     .start()
     .await;
     let client = reqwest::Client::new();
@@ -549,11 +551,10 @@ async fn probes_answer_while_the_request_limit_is_saturated() {
 async fn target_url_secrets_stay_out_of_logs_status_and_dead_letters() {
     let receiver = Receiver::start().await;
     receiver.default_reply(Reply::Status(400));
-    let refused = receiver
-        .url("/hook?token=t0k3n")
-        .replace("http://", "http://user:pa55w0rd@");
+    // (A password in the URL itself is refused: the catalog holds no secret.)
+    let refused = receiver.url("/hook?token=t0k3n");
     let closed_port = sluice_tests::free_port();
-    let unreachable = format!("http://user:pa55w0rd@127.0.0.1:{closed_port}/hook?token=t0k3n");
+    let unreachable = format!("http://127.0.0.1:{closed_port}/hook?token=t0k3n");
     let dead = "[rules.targets.retry]\nmax_attempts = 1\n[rules.targets.dead_letter.target]\ntype = \"file\"\nname = \"dead\"\npath = \"{data_dir}/dead.jsonl\"";
     let mut extra = http_rule("refused", &refused, dead);
     extra.push_str(&http_rule("unreachable", &unreachable, dead));
@@ -570,12 +571,10 @@ async fn target_url_secrets_stay_out_of_logs_status_and_dead_letters() {
     assert!(
         letters
             .iter()
-            .any(|l| l["deadlettertarget"].as_str().unwrap().contains("***@")),
+            .any(|l| l["deadlettertarget"].as_str().unwrap().contains("?***")),
         "{letters:?}"
     );
-    for secret in ["pa55w0rd", "t0k3n"] {
-        assert!(!shown.contains(secret), "`{secret}` is shown:\n{shown}");
-    }
+    assert!(!shown.contains("t0k3n"), "the token is shown:\n{shown}");
 }
 
 // ---------------------------------------------------------------------------------------

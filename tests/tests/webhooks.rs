@@ -524,7 +524,7 @@ async fn distributed_replicas_store_a_concurrent_delivery_once() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:dedup:github:*"))
+        .arg(format!("{prefix}:dedup:*"))
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -563,7 +563,11 @@ async fn a_failed_append_records_no_delivery_id() {
     let h = sign("github", "gh-secret", &body, now(), "fail-1");
     let (status, answer) = send(&client, &url, &body, ct, &h).await;
     assert_eq!(status, 503, "{answer}");
-    let key = format!("{prefix}:dedup:github:fail-1");
+    // Keys are a fixed-size hash of (webhook, delivery id), never the raw id.
+    let key = format!(
+        "{prefix}:dedup:{}",
+        sluice::webhooks::dedup::key(&["webhook", "github", "fail-1"])
+    );
     let exists: i64 = redis::cmd("EXISTS")
         .arg(&key)
         .query_async(&mut conn)
@@ -710,14 +714,14 @@ path = "{data_dir}/once.jsonl"
 }
 
 /// A bus with `auth` takes only requests with one of its keys: 401 without one, 403 with
-/// another; keys given in clear, hashed (`sha256:`) or through the environment.
+/// another; keys given hashed (`sha256:`) or through the environment.
 #[tokio::test]
 async fn a_bus_with_keys_refuses_requests_without_one() {
     let extra = r#"
 [[buses]]
 name = "secured"
 shards = 1
-auth = { keys = ["env:SLUICE_TEST_BUS_KEY", "sha256:a4ae87b73fa5645e6aee415a6f72be4dcbd99d057a7b40cb1b867c181d179260"] }
+auth = { keys = ["env:SLUICE_SECRET_TEST_BUS_KEY", "sha256:a4ae87b73fa5645e6aee415a6f72be4dcbd99d057a7b40cb1b867c181d179260"] }
 
 [[rules]]
 name = "secured-to-file"
@@ -730,7 +734,7 @@ path = "{data_dir}/secured.jsonl"
 "#;
     let sluice = Sluice::builder()
         .extra(extra)
-        .env("SLUICE_TEST_BUS_KEY", "from-the-env")
+        .env("SLUICE_SECRET_TEST_BUS_KEY", "from-the-env")
         .start()
         .await;
     let client = reqwest::Client::new();
@@ -1053,9 +1057,14 @@ type = {{ value = "com.example.order.created" }}
 async fn each_api_key_of_a_bus_has_its_own_rate_limit() {
     let bus = sluice_tests::bus_to_file("keyed").replace(
         "shards = 1\n",
-        "shards = 1\nauth = { keys = [\"key-a\", \"key-b\"], rate_limit = { per_second = 0.2, burst = 2 } }\n",
+        "shards = 1\nauth = { keys = [\"env:SLUICE_SECRET_KEY_A\", \"env:SLUICE_SECRET_KEY_B\"], rate_limit = { per_second = 0.2, burst = 2 } }\n",
     );
-    let sluice = Sluice::builder().extra(&bus).start().await;
+    let sluice = Sluice::builder()
+        .extra(&bus)
+        .env("SLUICE_SECRET_KEY_A", "key-a")
+        .env("SLUICE_SECRET_KEY_B", "key-b")
+        .start()
+        .await;
     let client = reqwest::Client::new();
     let url = sluice.url("/buses/keyed/events");
     let send = |key: &'static str, id: String| {

@@ -58,6 +58,8 @@ pub struct IngressState {
     plan: RwLock<Option<Arc<crate::runtime::Plan>>>,
     /// The catalog and the admin API's credentials.
     admin: RwLock<Option<(crate::catalog::Catalog, Arc<crate::api::AdminAuth>)>>,
+    /// What the admin API checks before it accepts a change: that this replica can build it.
+    admission: RwLock<Option<Arc<crate::admission::Admission>>>,
     /// Where replay statuses are kept, and the cancel switch of each replay running here.
     pub replays: RwLock<Arc<dyn crate::replay::ReplayStore>>,
     pub replay_cancels: crate::replay::Cancels,
@@ -86,6 +88,7 @@ impl IngressState {
             scaling: crate::scaling::History::default(),
             plan: RwLock::new(None),
             admin: RwLock::new(None),
+            admission: RwLock::new(None),
             replays: RwLock::new(Arc::new(crate::replay::LocalReplays::default())),
             replay_cancels: std::sync::Mutex::new(HashMap::new()),
             memory: Arc::new(tokio::sync::Semaphore::new(
@@ -157,6 +160,18 @@ impl IngressState {
     /// The catalog and the admin credentials (set once the gateway runs).
     pub fn admin(&self) -> Option<(crate::catalog::Catalog, Arc<crate::api::AdminAuth>)> {
         self.admin.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn set_admission(&self, admission: crate::admission::Admission) {
+        *self.admission.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(admission));
+    }
+
+    /// The checks of catalog changes on this replica (set once the gateway runs).
+    pub fn admission(&self) -> Option<Arc<crate::admission::Admission>> {
+        self.admission
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Shutdown started: `/readyz` answers 503 from now on.
@@ -515,9 +530,13 @@ async fn handle_events(state: Arc<IngressState>, bus: String, request: Request) 
     let Some(log) = state.buses().get(&bus).cloned() else {
         return Problem::unknown_bus(&bus).into_response();
     };
+    // Which of the bus's API keys sent the request (part of its digest, never the key):
+    // dedup records are kept per producer, so one cannot make another's event a duplicate.
+    let mut producer = String::new();
     if let Some(keys) = state.bus_auth(&bus) {
         match keys.check(request.headers()) {
             Ok(key) => {
+                producer.clone_from(&key.0);
                 if let Some(limit) = &keys.per_key {
                     if let Err(problem) = state
                         .rate_limit(&format!("key/{bus}/{}", key.0), "auth.rate_limit", limit)
@@ -565,7 +584,8 @@ async fn handle_events(state: Arc<IngressState>, bus: String, request: Request) 
     };
     let shards = log.shards();
     let window = state.bus_dedup(&bus);
-    // The dedup key of each entry (`source` + `id`), when the bus opted in.
+    // The dedup key of each entry, when the bus opted in: a fixed-size hash of (bus,
+    // producer key, `source`, `id`).
     let mut keys: Vec<Option<String>> = Vec::new();
     let schemas = state.bus_schemas(&bus);
     let mut encode = |parsed: Result<cloudevent::Parsed, EventError>| {
@@ -576,9 +596,7 @@ async fn handle_events(state: Arc<IngressState>, bus: String, request: Request) 
         keys.push(window.and(parsed.as_ref().ok()).map(|p| {
             let source = cloudevents::AttributesReader::source(&p.event).to_string();
             let id = cloudevents::AttributesReader::id(&p.event);
-            // Length-prefixed: no (source, id) pair can spell another's key; `~` keeps
-            // them apart from webhook sources' keys (names have no `~`).
-            format!("~bus:{bus}:{}:{source}:{id}", source.len())
+            crate::webhooks::dedup::key(&["bus", &bus, &producer, &source, id])
         }));
         entry(parsed, shards, limits)
     };

@@ -163,6 +163,20 @@ impl Delivery {
         ))
     }
 
+    /// The delivery of a subscription this replica cannot run (see `Subscription::failed`):
+    /// its lanes never deliver, so it has no dead-letter destination to build; it keeps
+    /// the subscription's retry policy and counters.
+    pub fn unbuilt(
+        config: &crate::config::Config,
+        rule: &str,
+        subscription: &str,
+        target_config: &TargetConfig,
+        target: Arc<dyn Target>,
+    ) -> Delivery {
+        let (retry, _) = target_config.delivery();
+        Delivery::with_policy(target, &retry, &config.delivery, None, rule, subscription)
+    }
+
     fn with_policy(
         target: Arc<dyn Target>,
         retry: &RetryConfig,

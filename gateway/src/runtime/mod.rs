@@ -68,6 +68,11 @@ pub struct Subscription {
     /// A digest of the rule's condition and the target's configuration: a subscription
     /// whose digest did not change keeps running across a configuration change.
     pub spec: u64,
+    /// Why this replica cannot run it (a target it cannot build here, say an environment
+    /// variable missing on this replica): its lanes hold their positions like paused ones,
+    /// deliver nothing and are reported `FAILED` with this reason. `target` is then
+    /// [`crate::targets::Unavailable`].
+    pub failed: Option<String>,
 }
 
 /// A rule of a bus for the index: its condition and its subscriptions (one per target).
@@ -113,7 +118,11 @@ impl BusPlan {
         let mut needs_decode = false;
         let mut digest = Vec::new();
         for (rule_id, rule) in rules.into_iter().enumerate() {
+            // A rule none of whose subscriptions can run here is not matched at all (its
+            // condition may be the very thing that could not be built).
+            let runs = rule.subscriptions.iter().any(|s| s.failed.is_none());
             match rule.filter.as_ref() {
+                _ if !runs => {}
                 Filter::All => {
                     builder.add_match_all(rule_id);
                     match_all.push(rule_id);
@@ -129,7 +138,7 @@ impl BusPlan {
             }
             let mut members = Vec::new();
             for sub in rule.subscriptions {
-                needs_decode |= sub.transform.is_some();
+                needs_decode |= sub.transform.is_some() && sub.failed.is_none();
                 digest.extend_from_slice(sub.name.as_bytes());
                 digest.extend_from_slice(&sub.spec.to_le_bytes());
                 members.push(subscriptions.len());
@@ -200,6 +209,89 @@ pub struct Plan {
     pub rate_limits: HashMap<String, crate::ingress::ratelimit::RateLimitConfig>,
     /// The catalog's webhook sources (ingress serves them with the file's own).
     pub webhooks: Vec<crate::webhooks::WebhookConfig>,
+    /// Connectors this replica cannot run at all (the rules and sources of a bus whose log
+    /// does not open here): reported `FAILED` with the reason, listed with their tasks.
+    /// (Subscriptions of a running bus that cannot run carry `Subscription::failed`.)
+    pub failed: BTreeMap<String, FailedConnector>,
+    /// Everything of the version this replica could not build, by what (`bus/{bus}`, a
+    /// connector id), with why: what is logged and tried again.
+    pub failures: BTreeMap<String, String>,
+}
+
+/// A connector of the catalog this replica cannot run, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedConnector {
+    pub tasks: u32,
+    pub reason: String,
+}
+
+/// Stands in for the log of a bus that does not open on this replica (or for any bus
+/// while a change is only being checked): appends and reads fail as the store failing
+/// would, so ingress answers 503 and a target appending to it retries; nothing is lost or
+/// taken. It shows as empty (end and start 0), so observers (lag, scaling) count nothing
+/// for it rather than fail for every bus.
+pub struct UnavailableLog {
+    shards: u32,
+    reason: String,
+    tail: watch::Sender<Seq>,
+}
+
+impl UnavailableLog {
+    pub fn new(shards: u32, reason: String) -> UnavailableLog {
+        UnavailableLog {
+            shards,
+            reason,
+            tail: watch::Sender::new(0),
+        }
+    }
+
+    fn error(&self) -> crate::store::StoreError {
+        crate::store::StoreError::Unavailable(self.reason.clone())
+    }
+}
+
+#[async_trait::async_trait]
+impl BusLog for UnavailableLog {
+    fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    async fn append(
+        &self,
+        appends: Vec<crate::store::ShardAppend>,
+    ) -> Vec<Result<Seq, crate::store::StoreError>> {
+        appends.iter().map(|_| Err(self.error())).collect()
+    }
+
+    async fn reader(
+        &self,
+        _shard: u32,
+        _from: Seq,
+    ) -> Result<Box<dyn crate::store::ShardReader>, crate::store::StoreError> {
+        Err(self.error())
+    }
+
+    fn tail(&self, _shard: u32) -> watch::Receiver<Seq> {
+        self.tail.subscribe()
+    }
+
+    async fn end(&self, _shard: u32) -> Result<Seq, crate::store::StoreError> {
+        Ok(0)
+    }
+
+    async fn release(&self, _shard: u32, _seq: Seq) -> Result<(), crate::store::StoreError> {
+        Err(self.error())
+    }
+
+    async fn start(&self, _shard: u32) -> Result<Seq, crate::store::StoreError> {
+        Ok(0)
+    }
+
+    // Not unhealthy: the process restarting would not open it either, and the other buses
+    // run. Ingress says why for this bus.
+    fn healthy(&self) -> bool {
+        true
+    }
 }
 
 /// What a task does: run one shard of a bus, or one part of a source.
@@ -241,6 +333,9 @@ impl Plan {
         }
         for source in &self.sources {
             out.insert(source.id.clone(), source.config.tasks());
+        }
+        for (id, failed) in &self.failed {
+            out.insert(id.clone(), failed.tasks);
         }
         out
     }

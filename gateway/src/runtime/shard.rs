@@ -198,6 +198,13 @@ impl Lane {
     fn new(sub: Arc<Subscription>, shard: u32, mode: Mode, control: &Control) -> Arc<Lane> {
         let id = task_id(&sub.id, shard);
         let generation = control.generation(&sub.id, &id);
+        // One that cannot run here is held from the start: the reader never hands it an
+        // event it would have to give up (`apply_control` reports it).
+        let mode = match (&sub.failed, mode) {
+            (Some(_), Mode::Attached { from }) => Mode::Paused { next: from },
+            (Some(_), Mode::CatchingUp { next }) => Mode::Paused { next },
+            (_, mode) => mode,
+        };
         Arc::new(Lane {
             id,
             sub,
@@ -751,16 +758,33 @@ impl Shared {
     /// Applies pause, resume and restart to the lanes; returns the statuses to write (all
     /// of them when `all`, else those that changed). The shard-0 task also reports each
     /// subscription's connector status.
+    ///
+    /// A subscription this replica cannot run (`Subscription::failed`) is held like a
+    /// paused one whatever the control says: nothing delivered, nothing skipped, its
+    /// position kept for a replica that can run it; it is reported `FAILED` with why.
     fn apply_control(&self, control: &Control, all: bool) -> Vec<(String, State, Option<String>)> {
         let d = lock(&self.dispatch);
         let mut reports = Vec::new();
+        let state_of = |failed: Option<&String>, paused: bool| match failed {
+            Some(reason) => (State::Failed, Some(reason.clone())),
+            None if paused => (State::Paused, None),
+            None => (State::Running, None),
+        };
         for lane in &d.lanes {
-            let paused = control.is_paused(&lane.sub.id, &lane.id);
+            let failed = lane.sub.failed.as_ref();
+            let paused = failed.is_some() || control.is_paused(&lane.sub.id, &lane.id);
             let generation = control.generation(&lane.sub.id, &lane.id);
             let mut st = lock(&lane.state);
             let position = Lane::position(&st, d.cursor);
             let mut changed = all;
-            if paused && !st.paused {
+            if let (Some(reason), false) = (failed, st.paused) {
+                // Logged at ERROR once per catalog version where the plan is built.
+                tracing::debug!(lane = %lane.id, position, reason = %reason, "the subscription cannot run on this replica; holding its events at its position");
+                self.clear_queue(&mut st);
+                st.mode = Mode::Paused { next: position };
+                st.epoch += 1;
+                changed = true;
+            } else if paused && !st.paused {
                 tracing::info!(lane = %lane.id, position, "paused");
                 self.clear_queue(&mut st);
                 st.mode = Mode::Paused { next: position };
@@ -780,24 +804,16 @@ impl Shared {
             st.paused = paused;
             st.generation = generation;
             if changed {
-                let state = if paused {
-                    State::Paused
-                } else {
-                    State::Running
-                };
-                reports.push((lane.id.clone(), state, None));
+                let (state, reason) = state_of(failed, paused);
+                reports.push((lane.id.clone(), state, reason));
             }
         }
         if self.shard == 0 {
             for lane in &d.lanes {
                 let paused = control.paused.contains(&lane.sub.id);
-                let state = if paused {
-                    State::Paused
-                } else {
-                    State::Running
-                };
                 if all || reports.iter().any(|(id, _, _)| *id == lane.id) {
-                    reports.push((lane.sub.id.clone(), state, None));
+                    let (state, reason) = state_of(lane.sub.failed.as_ref(), paused);
+                    reports.push((lane.sub.id.clone(), state, reason));
                 }
             }
         }
@@ -1004,6 +1020,14 @@ impl Shared {
                     } else {
                         Mode::CatchingUp { next: position }
                     };
+                    // One that runs here now after failing: its FAILED status goes (one
+                    // that fails now is reported by `apply_control`).
+                    if lane.sub.failed.is_some() && sub.failed.is_none() {
+                        reports.push((lane.id.clone(), State::Running, None));
+                        if self.shard == 0 {
+                            reports.push((sub.id.clone(), State::Running, None));
+                        }
+                    }
                     lanes.push(Lane::new(sub.clone(), self.shard, mode, control));
                 }
                 None => {
@@ -1659,5 +1683,45 @@ mod tests {
         assert_eq!(start_mode(Some(4), 10, 50), Mode::CatchingUp { next: 4 });
         // Ahead of it (created while the reader had a backlog): skips what came before.
         assert_eq!(start_mode(Some(30), 10, 50), Mode::Attached { from: 30 });
+    }
+
+    /// A subscription this replica cannot build is held where it would have started: the
+    /// reader never hands it an event, and its position stays for a replica that can.
+    #[test]
+    fn a_subscription_that_cannot_run_here_holds_its_position() {
+        let config = crate::config::Config::parse(std::path::Path::new("t.toml"), "").unwrap();
+        let target_config: crate::config::TargetConfig =
+            toml::from_str("type = \"log\"\nname = \"l\"").unwrap();
+        let target: Arc<dyn crate::targets::Target> = Arc::new(crate::targets::Unavailable {
+            reason: "environment variable X is not set".to_string(),
+        });
+        let delivery = crate::runtime::delivery::Delivery::unbuilt(
+            &config,
+            "r",
+            "b/r/l",
+            &target_config,
+            target.clone(),
+        );
+        let sub = Arc::new(Subscription {
+            id: "b/r/l".to_string(),
+            name: "r/l".to_string(),
+            bus: "b".to_string(),
+            filter: Arc::new(crate::rules::Filter::All),
+            transform: None,
+            target,
+            delivery: Arc::new(delivery),
+            spec: 1,
+            failed: Some("environment variable X is not set".to_string()),
+        });
+        let control = Control::default();
+        for (mode, held) in [
+            (Mode::Attached { from: 7 }, 7),
+            (Mode::CatchingUp { next: 3 }, 3),
+        ] {
+            let lane = Lane::new(sub.clone(), 0, mode, &control);
+            let st = lock(&lane.state);
+            assert_eq!(st.mode, Mode::Paused { next: held });
+            assert_eq!(Lane::position(&st, 10), held);
+        }
     }
 }

@@ -4,6 +4,8 @@
 //! ```text
 //! {p}:bus:{bus}:{shard}        stream; entry id 0-{seq+1}, field `e` = the stored event
 //! {p}:bus:{bus}:{shard}:next   next sequence number of the shard
+//! {p}:bus-shards:{bus}         the shard count the bus's log was first used with (kept
+//!                              after the bus is deleted, like its streams and positions)
 //! {p}:gpos:{bus}:{shard}       hash: positions of the bus shard's subscriptions: `~shared`,
 //!                              `~known` (the subscriptions, one per line) and one field per
 //!                              subscription that is not at `~shared`
@@ -237,6 +239,77 @@ impl RedisLog {
         }
     }
 }
+
+/// Records a bus's shard count unless one is recorded; returns the recorded count.
+const RECORD_SHARDS: &str = r"
+local recorded = redis.call('GET', KEYS[1])
+if recorded then return tonumber(recorded) end
+redis.call('SET', KEYS[1], ARGV[1])
+return tonumber(ARGV[1])
+";
+
+/// What the store knows of the shard count of a bus's log (kept after the bus leaves the
+/// catalog, with its events and positions), so a bus name cannot come back with another
+/// count while that data exists.
+impl RedisLog {
+    /// `{p}:bus-shards:{bus}`: the shard count the bus's log was first used with.
+    fn shards_key(redis: &Redis, bus: &str) -> String {
+        redis.key(&["bus-shards", bus])
+    }
+
+    /// Records the shard count of a bus the catalog runs, unless one is recorded already;
+    /// returns the recorded count (another count means the log holds keys placed by it).
+    pub async fn record_shards(redis: &Redis, bus: &str, shards: u32) -> Result<u32, StoreError> {
+        Script::new(RECORD_SHARDS)
+            .key(RedisLog::shards_key(redis, bus))
+            .arg(shards)
+            .invoke_async::<u32>(&mut redis.conn())
+            .await
+            .map_err(|e| redis_error("record bus shards", &e))
+    }
+
+    /// The shard count of an existing log of `bus`, if the store holds one: the recorded
+    /// count, else (a log from before counts were recorded) at least one past the highest
+    /// shard at or beyond `shards` that has a sequence counter, a stream or positions.
+    pub async fn stored_shards(
+        redis: &Redis,
+        bus: &str,
+        shards: u32,
+    ) -> Result<Option<u32>, StoreError> {
+        let recorded: Option<u32> = redis
+            .conn()
+            .get(RedisLog::shards_key(redis, bus))
+            .await
+            .map_err(|e| redis_error("read bus shards", &e))?;
+        if recorded.is_some() {
+            return Ok(recorded);
+        }
+        let beyond: Vec<u32> = (shards..MAX_SHARDS).collect();
+        if beyond.is_empty() {
+            return Ok(None);
+        }
+        let mut pipe = redis::pipe();
+        for shard in &beyond {
+            let shard = shard.to_string();
+            pipe.exists(redis.key(&["bus", bus, &shard, "next"]))
+                .exists(redis.key(&["bus", bus, &shard]))
+                .exists(redis.key(&["gpos", bus, &shard]));
+        }
+        let found: Vec<bool> = pipe
+            .query_async(&mut redis.conn())
+            .await
+            .map_err(|e| redis_error("look for a bus's log", &e))?;
+        Ok(found
+            .chunks(3)
+            .zip(&beyond)
+            .filter(|(keys, _)| keys.iter().any(|k| *k))
+            .map(|(_, shard)| shard + 1)
+            .max())
+    }
+}
+
+/// The most shards a bus may have (the configuration's bound).
+const MAX_SHARDS: u32 = 1024;
 
 fn entry_id(seq: Seq) -> String {
     format!("0-{}", seq + 1)
@@ -1061,8 +1134,8 @@ impl RedisCluster {
         format!("{}|{}", self.id, lease.epoch)
     }
 
-    /// The stored catalog: its version, the TOML of its buses, rules and sources, and the
-    /// version of each resource (JSON). `None` when nothing is stored yet.
+    /// The stored catalog: its version and id, the TOML of its buses, rules and sources,
+    /// and the version of each resource (JSON). `None` when nothing is stored yet.
     pub async fn load_catalog(&self) -> Result<Option<crate::catalog::Stored>, StoreError> {
         let map: HashMap<String, String> = self
             .redis
@@ -1082,9 +1155,27 @@ impl RedisCluster {
             .unwrap_or_default();
         Ok(Some(crate::catalog::Stored {
             version,
+            id: map.get("id").and_then(|v| v.parse().ok()).unwrap_or(0),
             text: text.clone(),
             versions,
         }))
+    }
+
+    /// The version and id of the stored catalog (two fields, whatever its size).
+    pub async fn catalog_head(&self) -> Result<Option<crate::catalog::Head>, StoreError> {
+        let (version, id): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(self.redis.key(&["config"]))
+            .arg("version")
+            .arg("id")
+            .query_async(&mut self.redis.conn())
+            .await
+            .map_err(|e| redis_error("read config version", &e))?;
+        Ok(version
+            .and_then(|v| v.parse().ok())
+            .map(|version| crate::catalog::Head {
+                version,
+                id: id.and_then(|v| v.parse().ok()).unwrap_or(0),
+            }))
     }
 
     pub async fn config_version(&self) -> Result<u64, StoreError> {
@@ -1096,23 +1187,35 @@ impl RedisCluster {
             .map_err(|e| redis_error("read config version", &e))
     }
 
-    /// Stores a catalog if the stored version is still `expected` (0: nothing stored):
-    /// `Ok(new version)`, or `Err(the stored version)` when another writer came first.
-    /// Every change is announced to all workers.
+    /// Stores `next` if the stored catalog is still `expected`, version and id (a version
+    /// alone would let a writer that read before a restore from a backup win after it):
+    /// `Ok(())`, or `Err(the stored head)` when another writer came first. Every change is
+    /// announced to all workers.
     pub async fn store_catalog(
         &self,
-        expected: u64,
+        expected: crate::catalog::Head,
+        next: crate::catalog::Head,
         text: &str,
         versions: &str,
-    ) -> Result<Result<u64, u64>, StoreError> {
+    ) -> Result<Result<(), crate::catalog::Head>, StoreError> {
+        // Ids are compared as text (Lua numbers are doubles); a catalog written before ids
+        // existed has none, which `expected` spells as an empty id.
         const STORE: &str = r"
-local current = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
-if current ~= tonumber(ARGV[1]) then return -current end
-local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
-redis.call('HSET', KEYS[1], 'digest', ARGV[2], 'toml', ARGV[3], 'versions', ARGV[4])
-redis.call('PUBLISH', KEYS[2], 'config:' .. v)
-return v
+local held = redis.call('HMGET', KEYS[1], 'version', 'id')
+local version = held[1] or '0'
+local id = held[2] or ''
+if version ~= ARGV[1] or id ~= ARGV[2] then return {'0', version, id} end
+redis.call('HSET', KEYS[1], 'version', ARGV[3], 'id', ARGV[4], 'digest', ARGV[5], 'toml', ARGV[6], 'versions', ARGV[7])
+redis.call('PUBLISH', KEYS[2], 'config:' .. ARGV[3])
+return {'1'}
 ";
+        let id_text = |id: u64| {
+            if id == 0 {
+                String::new()
+            } else {
+                id.to_string()
+            }
+        };
         let digest = format!(
             "{:016x}",
             crate::runtime::rebalance::stable_hash(text.as_bytes())
@@ -1120,17 +1223,27 @@ return v
         let answer = Script::new(STORE)
             .key(self.redis.key(&["config"]))
             .key(self.channel())
-            .arg(expected)
+            .arg(expected.version)
+            .arg(id_text(expected.id))
+            .arg(next.version)
+            .arg(id_text(next.id))
             .arg(digest)
             .arg(text)
             .arg(versions)
-            .invoke_async::<i64>(&mut self.redis.conn())
+            .invoke_async::<Vec<String>>(&mut self.redis.conn())
             .await
             .map_err(|e| redis_error("store config", &e))?;
-        Ok(if answer > 0 {
-            Ok(answer as u64)
-        } else {
-            Err(answer.unsigned_abs())
+        Ok(match answer.as_slice() {
+            [done] if done == "1" => Ok(()),
+            [_, version, id] => Err(crate::catalog::Head {
+                version: version.parse().unwrap_or(0),
+                id: id.parse().unwrap_or(0),
+            }),
+            _ => {
+                return Err(StoreError::Corrupt(format!(
+                    "redis answered {answer:?} to a catalog write"
+                )))
+            }
         })
     }
 }

@@ -2,6 +2,10 @@
 //! durability `fsync` a batch counts as delivered only once the file is flushed to disk.
 //! Targets writing to one path share one open file: ten thousand rules writing to one file
 //! hold one descriptor, not ten thousand.
+//!
+//! Events are data like the bus logs: a file the target creates is readable by its owner
+//! only (0600, and 0700 for directories it creates); a file that exists keeps its mode. The
+//! path is the one the policy resolved (`targets::allowed_file_path`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -27,9 +31,14 @@ pub struct FileTarget {
 impl FileTarget {
     pub fn open(path: &Path, durability: Durability) -> Result<FileTarget, TargetError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| {
-                TargetError::fatal(format!("cannot create {}: {e}", parent.display()))
-            })?;
+            use std::os::unix::fs::DirBuilderExt as _;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(|e| {
+                    TargetError::fatal(format!("cannot create {}: {e}", parent.display()))
+                })?;
         }
         Ok(FileTarget {
             path: path.to_path_buf(),
@@ -83,7 +92,10 @@ fn shared_file(path: &Path) -> Result<Arc<Mutex<File>>, TargetError> {
     let cannot =
         |e: std::io::Error| TargetError::fatal(format!("cannot open {}: {e}", path.display()));
     let mut options = OpenOptions::new();
-    options.create(true).append(true);
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.create(true).append(true).mode(0o600);
+    }
     let file = match options.clone().read(true).open(path) {
         Ok(mut file) => {
             end_last_line(path, &mut file).map_err(cannot)?;
@@ -289,6 +301,22 @@ mod tests {
             event: None,
             body: None,
         }
+    }
+
+    #[tokio::test]
+    async fn a_file_the_target_creates_is_private_and_an_existing_one_keeps_its_mode() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let new = dir.path().join("new/deeper/out.jsonl");
+        drop(FileTarget::open(&new, Durability::Os).unwrap());
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&new), 0o600);
+        assert_eq!(mode(&dir.path().join("new/deeper")), 0o700);
+        let shared = dir.path().join("shared.jsonl");
+        std::fs::write(&shared, b"").unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o640)).unwrap();
+        drop(FileTarget::open(&shared, Durability::Os).unwrap());
+        assert_eq!(mode(&shared), 0o640);
     }
 
     #[tokio::test]

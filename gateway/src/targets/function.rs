@@ -12,7 +12,7 @@ use cloudevents::event::ExtensionValue;
 use serde::{Deserialize, Serialize};
 
 use super::http::{self as http_target, BodyMode};
-use super::{append_to_bus, stored, Envelope, Resources, Target, TargetError};
+use super::{append_to_bus, stored, Envelope, Resources, Target, TargetError, TargetPolicy};
 use crate::config::{redact_url, DeadLetterConfig, RetryConfig};
 use crate::ingress::cloudevent::{self, ContentMode};
 use crate::store::BusLog;
@@ -115,15 +115,23 @@ impl FunctionTarget {
     pub fn new(
         config: &FunctionConfig,
         resources: &Resources,
+        policy: &TargetPolicy,
     ) -> Result<FunctionTarget, TargetError> {
         config.check().map_err(TargetError::fatal)?;
+        super::check_url(&config.url, policy).map_err(TargetError::fatal)?;
         let reply = resources.buses.get(&config.reply_bus).ok_or_else(|| {
             TargetError::fatal(format!("reply_bus `{}` is not defined", config.reply_bus))
         })?;
         Ok(FunctionTarget {
             shown_url: redact_url(&config.url),
             config: config.clone(),
-            client: http_target::client(config.timeout, Duration::from_secs(3), false, None)?,
+            client: http_target::client(
+                config.timeout,
+                Duration::from_secs(3),
+                false,
+                None,
+                policy.allow_private_egress,
+            )?,
             reply: reply.clone(),
         })
     }

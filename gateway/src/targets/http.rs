@@ -17,7 +17,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
-use super::{attributes, data_bytes, secret, Envelope, Target, TargetError};
+use super::{attributes, data_bytes, secret, Envelope, Target, TargetError, TargetPolicy};
 use crate::config::{redact_url, DeadLetterConfig, RetryConfig};
 use crate::runtime::delivery::{CircuitBreaker, RateLimiter};
 
@@ -36,7 +36,8 @@ pub enum BodyMode {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, tag = "type", rename_all = "kebab-case")]
 pub enum AuthConfig {
-    /// `Authorization: Bearer <token>`.
+    /// `Authorization: Bearer <token>`. Secrets (`token`, `password`, `key`) are `env:NAME`
+    /// references to variables under `admin.secret_env_prefix`: the catalog holds no secret.
     Bearer { token: String },
     /// `Authorization: Basic base64(user:password)`.
     Basic { username: String, password: String },
@@ -88,7 +89,8 @@ pub struct HttpConfig {
     /// PEM file of root certificates to trust besides the platform's (a private CA).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<String>,
-    /// Standard Webhooks signing secret (`whsec_...`, or `env:VAR`).
+    /// Standard Webhooks signing secret: `env:NAME`, a variable (under
+    /// `admin.secret_env_prefix`) holding `whsec_...`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signing_secret: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -342,10 +344,12 @@ pub(crate) fn client(
     connect_timeout: Duration,
     http2_prior_knowledge: bool,
     ca_file: Option<&std::path::Path>,
+    allow_private_egress: bool,
 ) -> Result<reqwest::Client, TargetError> {
     let mut builder = reqwest::Client::builder()
         // A followed 301/302 turns the POST into a GET that would count as delivered, and a
-        // redirect to another host would carry the auth headers and the signature there.
+        // redirect to another host would carry the auth headers and the signature there
+        // (and get around the egress policy, which checks the configured URL).
         .redirect(reqwest::redirect::Policy::none())
         .timeout(timeout)
         .connect_timeout(connect_timeout)
@@ -353,6 +357,11 @@ pub(crate) fn client(
         .tcp_nodelay(true);
     if http2_prior_knowledge {
         builder = builder.http2_prior_knowledge();
+    }
+    if !allow_private_egress {
+        // Host names are checked against the egress policy each time they are resolved
+        // (addresses written in the URL are checked when the target is built).
+        builder = builder.dns_resolver(super::EgressResolver);
     }
     if let Some(path) = ca_file {
         let pem = std::fs::read(path).map_err(|e| {
@@ -426,8 +435,19 @@ impl HttpTarget {
     pub fn new(
         config: &HttpConfig,
         ca_file: Option<&std::path::Path>,
+        policy: &TargetPolicy,
     ) -> Result<HttpTarget, TargetError> {
         config.check().map_err(TargetError::fatal)?;
+        super::check_url(&config.url, policy).map_err(TargetError::fatal)?;
+        super::policy::check_headers(config.headers.keys(), policy)
+            .map_err(|(_, m)| TargetError::fatal(m))?;
+        let prefix = policy.secret_env_prefix.as_str();
+        let secret = |value: &str| secret(value, prefix);
+        // A user name is not a secret: it may be written as it is.
+        let user = |value: &str| match value.strip_prefix("env:") {
+            Some(_) => secret(value),
+            None => Ok(value.to_string()),
+        };
         let mut headers = HeaderMap::new();
         for (name, value) in &config.headers {
             let name = HeaderName::from_bytes(name.as_bytes())
@@ -445,7 +465,7 @@ impl HttpTarget {
                 );
             }
             Some(AuthConfig::Basic { username, password }) => {
-                let pair = format!("{}:{}", secret(username)?, secret(password)?);
+                let pair = format!("{}:{}", user(username)?, secret(password)?);
                 let value = format!(
                     "Basic {}",
                     base64::engine::general_purpose::STANDARD.encode(pair)
@@ -469,6 +489,7 @@ impl HttpTarget {
                 config.connect_timeout,
                 config.http2_prior_knowledge,
                 ca_file,
+                policy.allow_private_egress,
             )?,
             headers,
             signing_key,

@@ -7,14 +7,15 @@ use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
-use super::{Envelope, Target, TargetError};
+use super::{Envelope, Target, TargetError, TargetPolicy};
 use crate::config::{DeadLetterConfig, RetryConfig};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisStreamConfig {
     pub name: String,
-    /// `redis://host:port/db` (`env:VAR` allowed).
+    /// `redis://host:port/db`, or `env:NAME` (a variable under `admin.secret_env_prefix`):
+    /// a URL with a password must come whole from the environment.
     #[serde(default = "defaults::url")]
     pub url: String,
     pub stream: String,
@@ -61,10 +62,19 @@ pub struct RedisStreamTarget {
 }
 
 impl RedisStreamTarget {
-    pub fn new(config: &RedisStreamConfig) -> Result<RedisStreamTarget, TargetError> {
+    pub fn new(
+        config: &RedisStreamConfig,
+        policy: &TargetPolicy,
+    ) -> Result<RedisStreamTarget, TargetError> {
         config.check().map_err(TargetError::fatal)?;
-        let url = super::secret(&config.url)?;
-        let client = redis::Client::open(url).map_err(|e| TargetError::fatal(e.to_string()))?;
+        let url = super::redis_url(&config.url, &policy.secret_env_prefix)?;
+        // The client's error may quote the URL, password included.
+        let client = redis::Client::open(url.as_str()).map_err(|e| {
+            TargetError::fatal(
+                e.to_string()
+                    .replace(url.as_str(), &crate::config::redact_url(&url)),
+            )
+        })?;
         Ok(RedisStreamTarget {
             config: config.clone(),
             client,

@@ -639,6 +639,8 @@ pub struct Webhooks {
     dedup: Arc<dyn Dedup>,
     /// The file's sources as configured (kept to merge with each catalog version).
     file: Arc<[WebhookConfig]>,
+    /// `admin.secret_env_prefix`: the variables the catalog's sources may read.
+    secret_prefix: Arc<str>,
 }
 
 impl Webhooks {
@@ -648,6 +650,7 @@ impl Webhooks {
             unavailable: HashMap::new(),
             dedup: Arc::new(MemoryDedup::default()),
             file: Arc::from(Vec::new()),
+            secret_prefix: Arc::from(crate::config::DEFAULT_SECRET_ENV_PREFIX),
         }
     }
 
@@ -679,6 +682,11 @@ impl Webhooks {
             .map(|c| (c.name.get_ref().as_str(), c.bus.as_str()))
     }
 
+    /// `admin.secret_env_prefix`, as the catalog's sources are held to it.
+    pub fn secret_prefix(&self) -> &str {
+        &self.secret_prefix
+    }
+
     /// The dedup store (shared with buses that deduplicate CloudEvents).
     pub fn dedup(&self) -> Arc<dyn Dedup> {
         self.dedup.clone()
@@ -686,11 +694,14 @@ impl Webhooks {
 
     /// The file's sources (each must build: an error stops the start) and the catalog's
     /// (one that cannot build here is left unavailable and logged; a name the file also
-    /// declares is served as the file says).
+    /// declares is served as the file says). The file's sources may read any variable and
+    /// hold literal secrets (they never leave this replica); the catalog's read only
+    /// variables whose names start with `secret_prefix` (`admin.secret_env_prefix`).
     pub fn build(
         file: &[WebhookConfig],
         catalog: &[WebhookConfig],
         dedup: Arc<dyn Dedup>,
+        secret_prefix: &str,
     ) -> Result<Webhooks, String> {
         let mut by_name = HashMap::new();
         for config in file {
@@ -705,7 +716,7 @@ impl Webhooks {
                 tracing::warn!(webhook = %name, "the catalog and this replica's file both declare this webhook source; this replica serves the file's");
                 continue;
             }
-            match Webhook::build(config) {
+            match Webhook::build_with(config, &|v| catalog_secret(v, secret_prefix)) {
                 Ok(hook) => {
                     by_name.insert(name.clone(), (Arc::new(hook), Origin::Catalog));
                 }
@@ -720,12 +731,13 @@ impl Webhooks {
             unavailable,
             dedup,
             file: Arc::from(file.to_vec()),
+            secret_prefix: Arc::from(secret_prefix),
         })
     }
 
     /// The same file sources and dedup store with another catalog version's sources.
     pub fn with_catalog(&self, catalog: &[WebhookConfig]) -> Webhooks {
-        match Webhooks::build(&self.file, catalog, self.dedup.clone()) {
+        match Webhooks::build(&self.file, catalog, self.dedup.clone(), &self.secret_prefix) {
             Ok(hooks) => hooks,
             // The file's sources built when the replica started; they still do unless an
             // environment variable went away, which cannot happen to a running process.
@@ -736,6 +748,7 @@ impl Webhooks {
                     unavailable: self.unavailable.clone(),
                     dedup: self.dedup.clone(),
                     file: self.file.clone(),
+                    secret_prefix: self.secret_prefix.clone(),
                 }
             }
         }
@@ -826,11 +839,43 @@ pub fn check_catalog(config: &WebhookConfig) -> Result<(), (String, String)> {
 }
 
 /// Checks that this replica can read every secret of a catalog source (the admin API asks
-/// before storing one, so a mistyped variable is caught where it is made).
-pub fn check_secrets_here(config: &WebhookConfig) -> Result<(), (String, String)> {
-    Webhook::build(config)
+/// before storing one, so a mistyped variable is caught where it is made), each an exposed
+/// variable (`secret_prefix`: `admin.secret_env_prefix`).
+pub fn check_secrets_here(
+    config: &WebhookConfig,
+    secret_prefix: &str,
+) -> Result<(), (String, String)> {
+    Webhook::build_with(config, &|v| catalog_secret(v, secret_prefix))
         .map(|_| ())
         .map_err(|m| (pointer_of(&m), m))
+}
+
+/// Reads a secret of a catalog source: an `env:` reference to an exposed variable only.
+fn catalog_secret(value: &str, secret_prefix: &str) -> Result<String, String> {
+    crate::targets::secret(value, secret_prefix).map_err(|e| e.message)
+}
+
+/// The policy checks of a catalog source (see `Channels::check_policy`): each secret is an
+/// `env:` reference to an exposed variable. `Err((JSON pointer inside the source, message))`.
+pub fn check_catalog_policy(
+    config: &WebhookConfig,
+    secret_prefix: &str,
+) -> Result<(), (String, String)> {
+    let v = &config.verify;
+    let secrets = v
+        .secret
+        .iter()
+        .map(|s| ("/verify/secret".to_string(), s))
+        .chain(
+            v.secrets
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (format!("/verify/secrets/{i}"), s)),
+        );
+    for (pointer, secret) in secrets {
+        crate::targets::check_secret_ref(secret, secret_prefix).map_err(|m| (pointer, m))?;
+    }
+    Ok(())
 }
 
 /// Checks the `[[webhooks]]` of a configuration: unique valid names, existing buses, and
@@ -1100,7 +1145,7 @@ async fn receive(
     // Deduplicate only on the provider's own id: a generated one never repeats.
     let key = provider_id
         .filter(|_| !hook.dedup_window.is_zero())
-        .map(|id| format!("{}:{id}", hook.name));
+        .map(|id| dedup::key(&["webhook", &hook.name, &id]));
     let entries = [entry];
     let (stored, duplicate) = match key {
         None => (crate::ingress::store(log.as_ref(), &entries).await, false),
@@ -1311,11 +1356,28 @@ mod tests {
             Err("/url".to_string())
         );
         // Reading the secrets here names the variable that is missing.
-        let missing = check_secrets_here(&parse(&format!(
-            "{base}verify = {{ preset = \"github\", secret = \"env:SLUICE_TEST_UNSET_VARIABLE\" }}\n"
-        )))
+        let missing = check_secrets_here(
+            &parse(&format!(
+                "{base}verify = {{ preset = \"github\", secret = \"env:SLUICE_TEST_UNSET_VARIABLE\" }}\n"
+            )),
+            "SLUICE_TEST_",
+        )
         .unwrap_err();
         assert_eq!(missing.0, "/verify/secret");
+        // Only exposed variables, whatever this replica's environment holds.
+        let hidden = check_secrets_here(
+            &parse(&format!(
+                "{base}verify = {{ preset = \"github\", secret = \"env:PATH\" }}\n"
+            )),
+            "SLUICE_SECRET_",
+        )
+        .unwrap_err();
+        assert_eq!(hidden.0, "/verify/secret");
+        assert!(
+            hidden.1.contains("`PATH` is not an exposed secret"),
+            "{}",
+            hidden.1
+        );
         assert!(
             missing.1.contains("SLUICE_TEST_UNSET_VARIABLE"),
             "{}",

@@ -263,13 +263,12 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<&'a str, VerifyError
 }
 
 fn check_time(field: &str, at: i64, now: i64, tolerance: i64) -> Result<(), VerifyError> {
-    if (now - at).abs() > tolerance {
+    // `abs_diff` cannot overflow, whatever the sender wrote (`i64::MIN` included).
+    let away = now.abs_diff(at);
+    if away > tolerance.unsigned_abs() {
         return Err(err(
             field,
-            format!(
-                "the timestamp is {} s away from now; at most {tolerance} s are accepted",
-                (now - at).abs()
-            ),
+            format!("the timestamp is {away} s away from now; at most {tolerance} s are accepted"),
         ));
     }
     Ok(())
@@ -601,6 +600,42 @@ mod tests {
         );
         let late = scheme.verify(&signed(&h, "", body, 1_531_420_618 + 301), &secrets, 300);
         assert_eq!(late.unwrap_err().field, "x-slack-request-timestamp");
+    }
+
+    /// Timestamps at the ends of `i64` are refused as too far away, never overflow (the
+    /// difference with now used to panic in debug builds), whatever the tolerance.
+    #[test]
+    fn extreme_timestamps_are_refused_without_overflow() {
+        let cases = [
+            ("standard-webhooks", "webhook-timestamp"),
+            ("slack", "x-slack-request-timestamp"),
+            ("stripe", "stripe-signature"),
+        ];
+        for (preset, field) in cases {
+            let scheme = crate::webhooks::presets::scheme(preset).unwrap();
+            for at in [i64::MIN, i64::MAX, i64::MIN + 1] {
+                let value = if preset == "stripe" {
+                    format!("t={at},v1=00")
+                } else {
+                    at.to_string()
+                };
+                let h = headers(&[
+                    (field, value.as_str()),
+                    ("webhook-id", "msg_1"),
+                    ("webhook-signature", "v1,AAAA"),
+                    ("x-slack-signature", "v0=00"),
+                ]);
+                for (now, tolerance) in [(1_700_000_000, 300), (i64::MIN, 300), (0, i64::MAX)] {
+                    let result =
+                        scheme.verify(&signed(&h, "", b"{}", now), &[Secret::new("k")], tolerance);
+                    assert!(result.is_err(), "{preset} at {at} now {now}");
+                }
+            }
+        }
+        assert!(check_time("t", i64::MIN, i64::MAX, 300).is_err());
+        assert!(check_time("t", i64::MAX, i64::MIN, i64::MAX).is_err());
+        assert!(check_time("t", 100, 400, 300).is_ok());
+        assert!(check_time("t", 401, 100, 300).is_err());
     }
 
     /// The Standard Webhooks specification's example (standard-webhooks/spec).

@@ -24,6 +24,7 @@ use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufReader, ErrorKind, Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 #[cfg(test)]
 use std::sync::atomic::AtomicU32;
@@ -313,6 +314,7 @@ impl EmbeddedLog {
             .create_new(true)
             .read(true)
             .write(true)
+            .mode(0o600)
             .open(&path)
         {
             Ok(file) => file,
@@ -514,7 +516,7 @@ struct Recovered {
 }
 
 fn recover(dir: &Path) -> Result<Recovered, StoreError> {
-    fs::create_dir_all(dir)
+    super::create_private_dirs(dir)
         .map_err(|e| StoreError::io(&format!("cannot create {}", dir.display()), &e))?;
     let mut bases = Vec::new();
     let entries = fs::read_dir(dir)
@@ -588,6 +590,7 @@ fn recover(dir: &Path) -> Result<Recovered, StoreError> {
         .truncate(false)
         .read(true)
         .write(true)
+        .mode(0o600)
         .open(&path)
         .map_err(|e| StoreError::io(&format!("cannot open {}", path.display()), &e))?;
     let len = file

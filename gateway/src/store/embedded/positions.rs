@@ -274,7 +274,7 @@ fn write_atomically<T: Serialize>(path: &Path, value: &T) -> Result<(), StoreErr
     let bytes = serde_json::to_vec(value)
         .map_err(|e| StoreError::Unavailable(format!("cannot encode positions: {e}")))?;
     let io = |e: std::io::Error| StoreError::io(&format!("cannot write {}", path.display()), &e);
-    let mut file = File::create(&tmp).map_err(io)?;
+    let mut file = super::create_private(&tmp).map_err(io)?;
     file.write_all(&bytes).map_err(io)?;
     file.sync_all().map_err(io)?;
     fs::rename(&tmp, path).map_err(io)?;
