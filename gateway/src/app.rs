@@ -177,6 +177,7 @@ impl Logs {
 }
 
 async fn run_until(mut config: Config, mut stop: watch::Receiver<bool>) -> Result<(), StartError> {
+    check_admin_credentials(&config)?;
     let data = DataDir::open(&config.data_dir)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -392,6 +393,26 @@ async fn run_until(mut config: Config, mut stop: watch::Receiver<bool>) -> Resul
     worker.shutdown().await;
     logs.close().await;
     tracing::info!("shutdown complete");
+    Ok(())
+}
+
+/// A standalone gateway without an admin token generates one; replicas of a cluster cannot
+/// (each would make its own, and a request through a load balancer would meet the wrong
+/// one), so distributed mode needs a configured token or the explicit local opt-in.
+fn check_admin_credentials(config: &Config) -> Result<(), StartError> {
+    let env_token = std::env::var("SLUICE_ADMIN_TOKEN").is_ok_and(|t| !t.is_empty());
+    if config.mode == Mode::Distributed
+        && config.admin.tokens.is_empty()
+        && !env_token
+        && !config.admin.allow_local_without_token
+    {
+        return Err(StartError::Config(
+            "distributed mode needs an admin token shared by every replica: set SLUICE_ADMIN_TOKEN \
+             (or admin.tokens, `sluice ctl hash-token`); for a local trial only, \
+             admin.allow_local_without_token = true"
+                .to_string(),
+        ));
+    }
     Ok(())
 }
 

@@ -511,3 +511,35 @@ async fn extreme_webhook_timestamps_are_refused() {
     }
     assert!(sluice.is_alive());
 }
+
+/// Replicas cannot each generate a token (a request through a load balancer would meet
+/// another replica's): distributed mode without a configured token or the local opt-in
+/// stops at start with what to set, before it touches Redis or the data directory.
+#[test]
+fn distributed_mode_needs_a_configured_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(
+        &path,
+        "mode = \"distributed\"\nredis_url = \"redis://127.0.0.1:6379/\"\nredis_prefix = \"sluice-token-check\"\n",
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    let out = std::process::Command::new(sluice_bin())
+        .args(["serve", "--config"])
+        .arg(&path)
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0"])
+        .env_remove("SLUICE_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("distributed mode needs an admin token")
+            && stderr.contains("SLUICE_ADMIN_TOKEN"),
+        "{stderr}"
+    );
+    assert!(!data.join("admin-token").exists(), "no per-replica token");
+}
