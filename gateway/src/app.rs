@@ -218,8 +218,9 @@ async fn run_until(mut config: Config, mut stop: watch::Receiver<bool>) -> Resul
             let url = config.redis_url.clone().ok_or_else(|| {
                 StartError::Config("distributed mode needs redis_url".to_string())
             })?;
-            let redis =
-                Redis::connect(&url, &config.redis_prefix, config.cluster.redis_timeout).await?;
+            let redis = Redis::connect(&url, &config.redis_prefix, config.cluster.redis_timeout)
+                .await?
+                .with_dedup_bytes(config.limits.max_dedup_bytes);
             let cluster = RedisCluster::join(
                 redis.clone(),
                 &id,

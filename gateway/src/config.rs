@@ -348,9 +348,10 @@ pub struct Limits {
     /// finish. 0 closes at once (Kubernetes: the `preStop` hook does the waiting).
     #[serde(deserialize_with = "duration")]
     pub shutdown_delay: Duration,
-    /// Memory the deduplication records of a standalone gateway may take (webhook delivery
-    /// ids, events of buses with a `dedup_window`); past it the oldest records are dropped
-    /// before their window ends (a late duplicate of one is stored again).
+    /// Memory the deduplication records may take (webhook delivery ids, events of buses
+    /// with a `dedup_window`): standalone in the process, distributed in Redis per
+    /// deduplicating bus (split between its shards); past it the oldest records are
+    /// dropped before their window ends (a late duplicate of one is stored again).
     pub max_dedup_bytes: usize,
 }
 

@@ -58,6 +58,14 @@ pub struct OperationLabels {
     pub operation: String,
 }
 
+/// The labels of a set of dedup records: none for the standalone map (so its series read
+/// as they always did), the store and the index's place for a Redis index. Only one kind
+/// exists in a process (it is standalone or distributed).
+type DedupLabels = Vec<(&'static str, String)>;
+
+/// The gauges of one set of dedup records: how many, and their estimated bytes.
+pub type DedupSeries = (Gauge, Gauge);
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
@@ -102,9 +110,11 @@ pub struct Metrics {
     pub leases_held: Gauge,
     pub lease_losses: Counter,
     pub rebalances: Counter,
-    /// The standalone dedup records (webhook delivery ids and bus `source`/`id` keys).
-    pub dedup_entries: Gauge,
-    pub dedup_memory: Gauge,
+    /// The dedup records (webhook delivery ids and bus `source`/`id` keys): unlabelled in
+    /// a standalone process (its one map), `{store="redis",bus,shard}` per Redis index in
+    /// a distributed one (see [`Metrics::dedup_series`]).
+    dedup_entries: Family<DedupLabels, Gauge>,
+    dedup_memory: Family<DedupLabels, Gauge>,
     pub dedup_file: Gauge,
     pub dedup_compactions: Counter,
     pub dedup_evicted: Counter,
@@ -278,13 +288,13 @@ impl Metrics {
             "Rebalance rounds in which this replica stopped tasks (moved, paused, restarted or ended)",
             rebalances.clone(),
         );
-        let dedup_entries = Gauge::default();
+        let dedup_entries = Family::<DedupLabels, Gauge>::default();
         r.register(
             "dedup_entries",
-            "Deduplication records held in memory (standalone: webhook delivery ids and events of buses with a dedup_window)",
+            "Deduplication records held (webhook delivery ids and events of buses with a dedup_window): standalone in memory, unlabelled; distributed per Redis index, store=\"redis\" (the index as this replica last saw it)",
             dedup_entries.clone(),
         );
-        let dedup_memory = Gauge::default();
+        let dedup_memory = Family::<DedupLabels, Gauge>::default();
         r.register_with_unit(
             "dedup_memory",
             "Memory the deduplication records hold (estimated per record; bounded by limits.max_dedup_bytes)",
@@ -378,6 +388,17 @@ impl Metrics {
         if !ok {
             self.redis_errors.get_or_create(&labels).inc();
         }
+    }
+
+    /// Handles of the dedup gauges (records, their bytes) of one set of records: `&[]`
+    /// for the standalone map, `[("store", "redis"), ("bus", ..), ("shard", ..)]` for a
+    /// Redis index. Resolved once by a caller on a hot path, not per request.
+    pub fn dedup_series(&self, labels: &[(&'static str, &str)]) -> DedupSeries {
+        let labels: DedupLabels = labels.iter().map(|(k, v)| (*k, (*v).to_string())).collect();
+        (
+            self.dedup_entries.get_or_create(&labels).clone(),
+            self.dedup_memory.get_or_create(&labels).clone(),
+        )
     }
 
     /// Pre-resolved counters of one subscription, for the delivery path.

@@ -202,3 +202,211 @@ async fn producers_with_different_keys_do_not_make_each_other_duplicates() {
 async fn producers_with_different_keys_do_not_make_each_other_duplicates_in_redis() {
     producers_do_not_collide(true).await;
 }
+
+/// Redis memory the README counts for one dedup record with its index entry: 275 bytes and
+/// twice the key name (`{prefix}:dedup:{32 hex}`).
+fn redis_record_bytes(prefix: &str) -> usize {
+    275 + 2 * (prefix.len() + ":dedup:".len() + 32)
+}
+
+async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn count_keys(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> usize {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(pattern)
+        .query_async(conn)
+        .await
+        .unwrap();
+    keys.len()
+}
+
+/// The value of the first series of `/metrics` that starts with `series`.
+fn metric(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// Distributed, a bus's dedup keys in Redis are held to `limits.max_dedup_bytes` (here
+/// room for 20): 200 distinct events are all accepted and delivered once, the keys stay
+/// at the bound, the soonest-expiring are evicted (counted), the latest is still a
+/// duplicate, and a late repeat of an evicted one is stored again (at least once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_dedup_keys_are_bounded_by_bytes_and_counted() {
+    let (url, prefix) = shared_redis("dedup-bound");
+    let cap = 20;
+    let sluice = Sluice::builder()
+        .distributed(&url, &prefix)
+        .limits(&format!(
+            "max_dedup_bytes = {}",
+            cap * redis_record_bytes(&prefix)
+        ))
+        .extra(&once_bus(""))
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    // Batches of ten, so a call may evict keys it wrote itself.
+    for batch in 0..20 {
+        let events = (0..10)
+            .map(|i| event(&format!("e-{}", batch * 10 + i), "d"))
+            .collect();
+        sluice_tests::post_batch(&client, &sluice.url("/buses/once/events"), events).await;
+    }
+    let mut conn = redis_conn(&url).await;
+    let keys = count_keys(&mut conn, &format!("{prefix}:dedup:*")).await;
+    assert!(
+        (1..=cap).contains(&keys),
+        "{keys} dedup keys for a bound of {cap}"
+    );
+    let index = format!("{prefix}:dedup-index:once:0");
+    let members: usize = redis::cmd("ZCARD")
+        .arg(&index)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(members, keys);
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&index)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(ttl > 0, "the index expires with the window: {ttl}");
+
+    let metrics = sluice.metrics().await;
+    let evicted = metric(&metrics, "sluice_dedup_evicted_total").unwrap();
+    assert!(evicted >= (200 - cap) as f64, "{evicted}");
+    let series = "sluice_dedup_entries{store=\"redis\",bus=\"once\",shard=\"0\"}";
+    assert_eq!(metric(&metrics, series), Some(keys as f64), "{metrics}");
+    let bytes = "sluice_dedup_memory_bytes{store=\"redis\",bus=\"once\",shard=\"0\"}";
+    assert_eq!(
+        metric(&metrics, bytes),
+        Some((keys * redis_record_bytes(&prefix)) as f64)
+    );
+
+    assert_eq!(
+        post(&client, &sluice, None, &event("e-199", "again")).await,
+        (202, "duplicate".to_string())
+    );
+    assert_eq!(
+        post(&client, &sluice, None, &event("e-0", "late")).await,
+        (202, "accepted".to_string()),
+        "an evicted key's late repeat is stored again"
+    );
+    let path = sluice.data_dir().join("once.jsonl");
+    wait_jsonl(&path, Duration::from_secs(30), |e| e.len() >= 201).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let events = sluice_tests::read_jsonl(&path);
+    let mut ids = sluice_tests::ids(&events);
+    assert_eq!(ids.len(), 201);
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 200, "every event delivered, once");
+}
+
+/// The same for a webhook source on a bus of two shards: each shard's index gets half of
+/// the bound, and the provider's latest delivery is still a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_webhook_dedup_keys_are_bounded_per_shard() {
+    let (url, prefix) = shared_redis("dedup-hook-bound");
+    let cap = 10;
+    let config = sluice_tests::bus_to_file("hooked").replace("shards = 1", "shards = 2")
+        + r#"
+[[webhooks]]
+name = "hook"
+bus = "hooked"
+verify = { preset = "none" }
+id = { header = "x-id" }
+dedup_window = "1h"
+"#;
+    let sluice = Sluice::builder()
+        .distributed(&url, &prefix)
+        .limits(&format!(
+            "max_dedup_bytes = {}",
+            2 * cap * redis_record_bytes(&prefix)
+        ))
+        .extra(&config)
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    let deliver = |id: String| {
+        client
+            .post(sluice.url("/webhooks/hook"))
+            .header("content-type", "application/json")
+            .header("x-id", id)
+            .body("{\"n\":1}")
+            .send()
+    };
+    // 50 over two shards: one of them gets at least 25, past its 10.
+    for i in 0..50 {
+        assert_eq!(deliver(format!("d-{i}")).await.unwrap().status(), 202);
+    }
+    let mut conn = redis_conn(&url).await;
+    for shard in 0..2 {
+        let members: usize = redis::cmd("ZCARD")
+            .arg(format!("{prefix}:dedup-index:hooked:{shard}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(members <= cap, "shard {shard}: {members}");
+    }
+    let keys = count_keys(&mut conn, &format!("{prefix}:dedup:*")).await;
+    assert!(keys <= 2 * cap, "{keys}");
+    let metrics = sluice.metrics().await;
+    assert!(metric(&metrics, "sluice_dedup_evicted_total").unwrap() >= (50 - 2 * cap) as f64);
+    let r = deliver("d-49".to_string()).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["status"], "duplicate");
+    let path = sluice.data_dir().join("hooked.jsonl");
+    wait_jsonl(&path, Duration::from_secs(30), |e| e.len() >= 50).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sluice_tests::read_jsonl(&path).len(), 50);
+}
+
+/// The reserve/confirm path (`RedisDedup`, for logs that cannot deduplicate in their
+/// append) keeps its confirmed keys under the same bound, in its own index.
+#[tokio::test]
+async fn redis_reserve_confirm_keys_are_bounded() {
+    use sluice::webhooks::dedup::{key, Dedup, RedisDedup, Reserve};
+    let (url, prefix) = shared_redis("dedup-confirm-bound");
+    let cap = 8;
+    let redis = sluice::store::redis::Redis::connect(&url, &prefix, Duration::from_secs(2))
+        .await
+        .unwrap()
+        .with_dedup_bytes(cap * redis_record_bytes(&prefix));
+    let dedup = RedisDedup::new(redis);
+    let keys: Vec<String> = (0..30).map(|i| key(&[&i.to_string()])).collect();
+    for k in &keys {
+        let Reserve::Taken(token) = dedup.reserve(k).await.unwrap() else {
+            panic!("{k} not taken")
+        };
+        dedup
+            .confirm(k, &token, Duration::from_secs(3600))
+            .await
+            .unwrap();
+        // Apart in time, so the order of their expiries is the order of confirmation.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let mut conn = redis_conn(&url).await;
+    assert_eq!(
+        count_keys(&mut conn, &format!("{prefix}:dedup:*")).await,
+        cap
+    );
+    let members: usize = redis::cmd("ZCARD")
+        .arg(format!("{prefix}:dedup-index:webhooks"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(members, cap);
+    assert_eq!(dedup.reserve(&keys[29]).await.unwrap(), Reserve::Duplicate);
+    assert!(matches!(
+        dedup.reserve(&keys[0]).await.unwrap(),
+        Reserve::Taken(_)
+    ));
+}

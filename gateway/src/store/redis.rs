@@ -19,6 +19,10 @@
 //! {p}:status                   hash: connector or task id -> status JSON
 //! {p}:replays                  hash: replay id -> replay status JSON (see `replay`)
 //! {p}:notices                  pub/sub channel: join, leave, config and control notices
+//! {p}:dedup:{hash}             a dedup record (see `webhooks::dedup`), expiring with its window
+//! {p}:dedup-index:{bus}:{shard} sorted set: the dedup keys recorded with the shard's events,
+//!                              scored by expiry (ms), held to a share of `max_dedup_bytes`
+//! {p}:dedup-index:webhooks     the same for keys of the reserve/confirm path (`RedisDedup`)
 //! ```
 //!
 //! Every multi-step change is one Lua script, so it is atomic; every call has a timeout
@@ -53,6 +57,8 @@ pub struct Redis {
     client: redis::Client,
     prefix: String,
     timeout: Duration,
+    /// `limits.max_dedup_bytes`: every dedup index of this process takes its share of it.
+    dedup_bytes: usize,
 }
 
 impl Redis {
@@ -78,7 +84,21 @@ impl Redis {
             client,
             prefix: prefix.to_string(),
             timeout,
+            dedup_bytes: crate::webhooks::dedup::DEFAULT_MAX_BYTES,
         })
+    }
+
+    /// Bounds the dedup records this handle's logs and dedup store keep in Redis
+    /// (`limits.max_dedup_bytes`; the default is [`crate::webhooks::dedup::DEFAULT_MAX_BYTES`]).
+    /// Carried by the handle because every bus log is opened from it.
+    #[must_use]
+    pub fn with_dedup_bytes(mut self, bytes: usize) -> Redis {
+        self.dedup_bytes = bytes;
+        self
+    }
+
+    pub fn dedup_bytes(&self) -> usize {
+        self.dedup_bytes
     }
 
     /// A connection of its own for blocking reads (`XREAD BLOCK`), which would hold up
@@ -168,15 +188,23 @@ end
 return first
 ";
 
-/// KEYS: the stream, its counter, then one dedup key per record. ARGV: the acceptance time
-/// (ms), the dedup window (ms), then the records. Per record: its sequence number, -1 when
-/// its key is recorded (a duplicate), -2 when a request holds it (`pending:` reservation of
-/// the reserve/confirm path). A record and its dedup key are written together or not at
-/// all (a duplicate within one call is caught by the key the first one set).
+/// KEYS: the stream, its counter, the shard's dedup index, then one dedup key per record.
+/// ARGV: the acceptance time (ms), the dedup window (ms), the index's cap (records), then
+/// the records. Per record: its sequence number, -1 when its key is recorded (a
+/// duplicate), -2 when a request holds it (`pending:` reservation of the reserve/confirm
+/// path); then the index's size (-1 when nothing was recorded, so it was not looked at)
+/// and how many keys it evicted. A record and its dedup key are written together or not
+/// at all (a duplicate within one call is caught by the key the first one set), and the
+/// key enters the index in the same step, so the bound holds whatever the replicas do
+/// (see `webhooks::dedup::REDIS_BOUND`, prepended to this script). The index is looked at
+/// only when a key was recorded, and bounded once per call, not per record.
 const APPEND_UNIQUE: &str = r"
+local now = dedup_now()
+local window = tonumber(ARGV[2])
 local out = {}
-for i = 1, #ARGV - 2 do
-  local key = KEYS[i + 2]
+local added = 0
+for i = 1, #ARGV - 3 do
+  local key = KEYS[i + 3]
   local held = redis.call('GET', key)
   if held == 'done' then
     out[i] = -1
@@ -184,11 +212,19 @@ for i = 1, #ARGV - 2 do
     out[i] = -2
   else
     local next = redis.call('INCR', KEYS[2])
-    redis.call('XADD', KEYS[1], '0-' .. next, 'e', ARGV[i + 2], 't', ARGV[1])
+    redis.call('XADD', KEYS[1], '0-' .. next, 'e', ARGV[i + 3], 't', ARGV[1])
     redis.call('SET', key, 'done', 'PX', ARGV[2])
+    redis.call('ZADD', KEYS[3], now + window, key)
+    added = added + 1
     out[i] = next - 1
   end
 end
+local size, evicted = -1, 0
+if added > 0 then
+  size, evicted = dedup_bound(KEYS[3], now, ARGV[2], tonumber(ARGV[3]))
+end
+out[#out + 1] = size
+out[#out + 1] = evicted
 return out
 ";
 
@@ -202,19 +238,41 @@ pub struct RedisLog {
     read: Arc<Script>,
     /// What this worker knows of each shard's end (its own appends).
     tails: Vec<watch::Sender<Seq>>,
+    /// How many dedup keys each shard's index may hold: the process's `max_dedup_bytes`
+    /// split between the bus's shards, over the estimated bytes of one record.
+    dedup_cap: u64,
+    dedup_record_bytes: i64,
+    /// The dedup gauges of each shard, resolved on the first deduplicated append (buses
+    /// without a `dedup_window` get no series).
+    dedup_series: Vec<std::sync::OnceLock<crate::metrics::DedupSeries>>,
 }
 
 impl RedisLog {
     pub fn new(redis: Redis, bus: &str, shards: u32) -> RedisLog {
         RedisLog {
-            redis,
             bus: bus.to_string(),
             shards,
             append: Script::new(APPEND),
-            append_unique: Script::new(APPEND_UNIQUE),
+            append_unique: Script::new(&format!(
+                "{}{APPEND_UNIQUE}",
+                crate::webhooks::dedup::REDIS_BOUND
+            )),
             read: Arc::new(Script::new(READ)),
             tails: (0..shards).map(|_| watch::Sender::new(0)).collect(),
+            dedup_cap: crate::webhooks::dedup::redis_index_cap(&redis, shards),
+            dedup_record_bytes: i64::try_from(crate::webhooks::dedup::redis_record_bytes(&redis))
+                .unwrap_or(i64::MAX),
+            dedup_series: (0..shards).map(|_| std::sync::OnceLock::new()).collect(),
+            redis,
         }
+    }
+
+    /// `{p}:dedup-index:{bus}:{shard}`: one index per shard rather than per bus so that,
+    /// on Redis Cluster, it can take the shard's hash tag and live in the slot of the
+    /// stream it is written with (the dedup keys would take the same tag).
+    fn dedup_index(&self, shard: u32) -> String {
+        self.redis
+            .key(&["dedup-index", &self.bus, &shard.to_string()])
     }
 
     fn stream(&self, shard: u32) -> String {
@@ -389,14 +447,18 @@ impl BusLog for RedisLog {
             return Some(Err(e));
         }
         let mut invocation = self.append_unique.prepare_invoke();
-        invocation.key(self.stream(shard)).key(self.counter(shard));
+        invocation
+            .key(self.stream(shard))
+            .key(self.counter(shard))
+            .key(self.dedup_index(shard));
         for (_, key) in records {
             // The key the reserve/confirm path (`webhooks::dedup::RedisDedup`) uses.
             invocation.key(self.redis.key(&["dedup", key]));
         }
         invocation
             .arg(crate::store::now_ms())
-            .arg(u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1));
+            .arg(u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1))
+            .arg(self.dedup_cap);
         for (record, _) in records {
             invocation.arg(record.as_ref());
         }
@@ -407,12 +469,12 @@ impl BusLog for RedisLog {
             .map_err(|e| redis_error("append", &e));
         let metrics = crate::metrics::get();
         metrics.observe_redis("append", started.elapsed(), result.is_ok());
-        let answers = match result {
-            Ok(answers) if answers.len() == records.len() => answers,
+        let mut answers = match result {
+            Ok(answers) if answers.len() == records.len() + 2 => answers,
             Ok(answers) => {
                 return Some(Err(StoreError::Corrupt(format!(
                     "redis answered {} results for {} records",
-                    answers.len(),
+                    answers.len().saturating_sub(2),
                     records.len()
                 ))))
             }
@@ -421,6 +483,24 @@ impl BusLog for RedisLog {
                 return Some(Err(e));
             }
         };
+        let evicted = answers.pop().unwrap_or(0);
+        let size = answers.pop().unwrap_or(-1);
+        if evicted > 0 {
+            metrics.dedup_evicted.inc_by(evicted.unsigned_abs());
+        }
+        if size >= 0 {
+            if let Some(series) = self.dedup_series.get(shard as usize) {
+                let (entries, memory) = series.get_or_init(|| {
+                    metrics.dedup_series(&[
+                        ("store", "redis"),
+                        ("bus", &self.bus),
+                        ("shard", &shard.to_string()),
+                    ])
+                });
+                entries.set(size);
+                memory.set(size.saturating_mul(self.dedup_record_bytes));
+            }
+        }
         let out: Vec<Unique> = answers
             .into_iter()
             .map(|a| match a {
