@@ -872,6 +872,32 @@ pub fn structured_event(id: &str) -> Value {
     })
 }
 
+/// `sluice check-config` on a configuration text: whether it passed, and what it printed
+/// (stderr, then stdout).
+pub fn check_config(text: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("c.toml");
+    fs::write(&path, text).expect("write config");
+    let out = Command::new(sluice_bin())
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .expect("run sluice check-config");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout),
+    )
+}
+
+/// An HTTP client for the tests' requests to the gateway: a request that hangs fails the
+/// test in 10 s instead of holding it.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("http client")
+}
+
 /// Root of the repository (for scripts and sample files).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

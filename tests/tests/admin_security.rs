@@ -8,16 +8,9 @@
 
 use std::time::{Duration, Instant};
 
-use reqwest::{Client, StatusCode};
+use reqwest::StatusCode;
 use serde_json::{json, Value};
-use sluice_tests::{post, sluice_bin, RedisServer, Sluice};
-
-fn client() -> Client {
-    Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap()
-}
+use sluice_tests::{client, post, sluice_bin, RedisServer, Sluice};
 
 async fn catalog_version(sluice: &Sluice, token: Option<&str>) -> u64 {
     let mut request = client().get(sluice.url("/api/v1/catalog"));

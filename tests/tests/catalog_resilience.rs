@@ -10,17 +10,9 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-use reqwest::Client;
 use serde_json::{json, Value};
 use sluice_tests::receiver::{event_ids, Receiver};
-use sluice_tests::{binary, ids, post_spread, read_jsonl, shared_redis, Sluice};
-
-fn client() -> Client {
-    Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap()
-}
+use sluice_tests::{binary, client, ids, post_spread, read_jsonl, shared_redis, Sluice};
 
 /// `method` `path` with a JSON body (or none); the status and the body (problem+json
 /// checked as such).

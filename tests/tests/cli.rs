@@ -3,22 +3,7 @@
 
 use std::process::Command;
 
-use sluice_tests::{repo_root, sluice_bin, Sluice};
-
-fn check_config(text: &str) -> (bool, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.toml");
-    std::fs::write(&path, text).unwrap();
-    let out = Command::new(sluice_bin())
-        .arg("check-config")
-        .arg(&path)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout),
-    )
-}
+use sluice_tests::{check_config, repo_root, sluice_bin, Sluice};
 
 #[test]
 fn version_prints() {

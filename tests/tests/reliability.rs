@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sluice_tests::receiver::{Receiver, Reply};
-use sluice_tests::{post, read_jsonl, sluice_bin, wait_jsonl, Sluice, SluiceBuilder};
+use sluice_tests::{check_config, post, read_jsonl, wait_jsonl, Sluice, SluiceBuilder};
 use tokio::io::AsyncWriteExt;
 
 /// One rule on bus `default` sending every event to an HTTP target; `extra` goes into the
@@ -579,21 +579,6 @@ async fn target_url_secrets_stay_out_of_logs_status_and_dead_letters() {
 
 // ---------------------------------------------------------------------------------------
 // Items 12 and 14: configuration checks.
-
-fn check_config(text: &str) -> (bool, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.toml");
-    std::fs::write(&path, text).unwrap();
-    let out = Command::new(sluice_bin())
-        .arg("check-config")
-        .arg(&path)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout),
-    )
-}
 
 #[test]
 fn durations_that_would_panic_the_runtime_are_refused_by_check_config() {

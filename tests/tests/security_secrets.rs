@@ -7,12 +7,11 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use sluice_tests::receiver::Receiver;
-use sluice_tests::{post, sluice_bin, Sluice};
+use sluice_tests::{check_config, post, Sluice};
 
 /// The answer to a JSON request to the admin API: status and body.
 async fn send(method: reqwest::Method, url: &str, body: Option<Value>) -> (u16, Value) {
@@ -241,21 +240,10 @@ async fn literal_secrets_are_refused_in_every_resource() {
 /// refuses a literal secret or an unexposed variable, naming the target.
 #[test]
 fn the_configuration_file_follows_the_catalog_policy() {
-    let dir = tempfile::tempdir().unwrap();
     let check = |admin: &str, target: &str| {
-        let path = dir.path().join("c.toml");
-        let text = format!(
+        check_config(&format!(
             "[admin]\nallow_local_without_token = true\n{admin}\n\n[[buses]]\nname = \"b\"\n\n[[rules]]\nname = \"r\"\nbus = \"b\"\n[[rules.targets]]\ntype = \"http\"\nname = \"h\"\nurl = \"http://127.0.0.1:9/\"\n{target}\n"
-        );
-        std::fs::write(&path, text).unwrap();
-        let out = Command::new(sluice_bin())
-            .arg("check-config")
-            .arg(&path)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stderr).to_string()
-            + &String::from_utf8_lossy(&out.stdout);
-        (out.status.success(), text)
+        ))
     };
     let (ok, out) = check(
         "",

@@ -808,18 +808,7 @@ fn pointer_of(message: &str) -> String {
 /// holds a secret; each replica reads the variable from its own environment), and every
 /// other setting must be valid. `Err((JSON pointer inside the source, message))`.
 pub fn check_catalog(config: &WebhookConfig) -> Result<(), (String, String)> {
-    let v = &config.verify;
-    let secrets = v
-        .secret
-        .iter()
-        .map(|s| ("/verify/secret".to_string(), s))
-        .chain(
-            v.secrets
-                .iter()
-                .enumerate()
-                .map(|(i, s)| (format!("/verify/secrets/{i}"), s)),
-        );
-    for (pointer, secret) in secrets {
+    for (pointer, secret) in secret_fields(config) {
         match secret.strip_prefix("env:") {
             Some(var) if !var.is_empty() => {}
             _ => {
@@ -836,6 +825,20 @@ pub fn check_catalog(config: &WebhookConfig) -> Result<(), (String, String)> {
     Webhook::build_with(config, &|_| Ok(PLACEHOLDER_SECRET.to_string()))
         .map(|_| ())
         .map_err(|m| (pointer_of(&m), m))
+}
+
+/// Every secret of a source's `verify`, with its JSON pointer inside the source.
+fn secret_fields(config: &WebhookConfig) -> impl Iterator<Item = (String, &String)> {
+    let v = &config.verify;
+    v.secret
+        .iter()
+        .map(|s| ("/verify/secret".to_string(), s))
+        .chain(
+            v.secrets
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (format!("/verify/secrets/{i}"), s)),
+        )
 }
 
 /// Checks that this replica can read every secret of a catalog source (the admin API asks
@@ -861,18 +864,7 @@ pub fn check_catalog_policy(
     config: &WebhookConfig,
     secret_prefix: &str,
 ) -> Result<(), (String, String)> {
-    let v = &config.verify;
-    let secrets = v
-        .secret
-        .iter()
-        .map(|s| ("/verify/secret".to_string(), s))
-        .chain(
-            v.secrets
-                .iter()
-                .enumerate()
-                .map(|(i, s)| (format!("/verify/secrets/{i}"), s)),
-        );
-    for (pointer, secret) in secrets {
+    for (pointer, secret) in secret_fields(config) {
         crate::targets::check_secret_ref(secret, secret_prefix).map_err(|m| (pointer, m))?;
     }
     Ok(())
