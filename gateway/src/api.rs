@@ -2258,7 +2258,7 @@ async fn recent_events(
             None => None,
         };
         for record in records {
-            let Ok(event) = crate::ingress::cloudevent::decode(&record.payload) else {
+            let Ok(event) = crate::event::decode(&record.payload) else {
                 continue;
             };
             let mut subscriptions = Map::new();

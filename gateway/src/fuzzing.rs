@@ -16,7 +16,8 @@ use cloudevents::{AttributesReader, Event};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::Limits;
-use crate::ingress::cloudevent::{self, ContentMode, EventError, Parsed};
+use crate::event::{self, EventError};
+use crate::ingress::cloudevent::{self, ContentMode, Parsed};
 use crate::store::embedded::{encode_record, read_record, HEADER, MAX_RECORD};
 use crate::store::Record;
 use crate::targets::http::BodyMode;
@@ -76,7 +77,7 @@ fn deliver(stored: &Bytes) -> Event {
     assert_eq!(record.seq, 7);
     assert_eq!(record.accepted_ms, 1_700_000_000_000);
     assert_eq!(&record.payload, stored, "the record's payload changed");
-    match cloudevent::decode(&record.payload) {
+    match event::decode(&record.payload) {
         Ok(event) => event,
         Err(e) => panic!(
             "ingress accepted an event delivery cannot decode: {e}\n{}",
@@ -105,9 +106,9 @@ fn check_accepted(stored: &Bytes, expected: &Event, with_data: bool) -> Event {
         );
     }
     // The stored form is stable: the delivered event encodes to an event that decodes equal.
-    let again = cloudevent::encode(&delivered)
+    let again = event::encode(&delivered)
         .ok()
-        .and_then(|b| cloudevent::decode(&b).ok());
+        .and_then(|b| event::decode(&b).ok());
     assert_eq!(
         again.as_ref(),
         Some(&delivered),
@@ -432,7 +433,7 @@ pub fn ce_binary(data: &[u8]) {
     if let Ok(p) = &parsed {
         if p.reads_back {
             assert!(
-                cloudevent::decode(&p.stored).is_ok(),
+                event::decode(&p.stored).is_ok(),
                 "binary mode vouched for a stored form that does not decode\n{}",
                 show(&p.stored)
             );
@@ -475,7 +476,7 @@ pub fn record_decode(data: &[u8]) {
                 offset += HEADER + payload.len();
                 assert_eq!(cursor.position() as usize, offset);
                 let record = Record::from_stored(seq, Bytes::copy_from_slice(&payload));
-                if let Ok(event) = cloudevent::decode(&record.payload) {
+                if let Ok(event) = event::decode(&record.payload) {
                     let envelope = Envelope {
                         raw: record.payload.clone(),
                         accepted_ms: record.accepted_ms,
@@ -488,7 +489,7 @@ pub fn record_decode(data: &[u8]) {
                     if let Some(config) = rocketmq_config() {
                         let _ = crate::targets::rocketmq::message::encode(&config, &envelope);
                     }
-                    let _ = cloudevent::partition_key(&event);
+                    let _ = crate::event::partition_key(&event);
                 }
             }
             Ok(None) => break,
@@ -555,27 +556,24 @@ pub fn header_encode(data: &[u8]) {
         return;
     }
     let text = String::from_utf8_lossy(rest);
-    for (what, encoded) in [
-        ("http target", crate::targets::http::header_text(&text)),
-        ("rocketmq source", crate::sources::rocketmq::percent(&text)),
-    ] {
-        let value = match HeaderValue::from_str(&encoded) {
-            Ok(v) => v,
-            Err(_) => panic!("{what}: {encoded:?} is not a header value"),
-        };
-        assert!(
-            value
-                .as_bytes()
-                .iter()
-                .all(|b| (0x21..0x7f).contains(b) && *b != b'"'),
-            "{what}: {encoded:?}"
-        );
-        assert_eq!(
-            cloudevent::percent_decode(value.as_bytes()).as_deref(),
-            Some(&*text),
-            "{what}: {encoded:?} does not decode back"
-        );
-    }
+    // One encoder serves the http target, the RocketMQ source and webhooks.
+    let encoded = event::header_text(&text);
+    let value = match HeaderValue::from_str(&encoded) {
+        Ok(v) => v,
+        Err(_) => panic!("{encoded:?} is not a header value"),
+    };
+    assert!(
+        value
+            .as_bytes()
+            .iter()
+            .all(|b| (0x21..0x7f).contains(b) && *b != b'"'),
+        "{encoded:?}"
+    );
+    assert_eq!(
+        event::percent_decode(value.as_bytes()).as_deref(),
+        Some(&*text),
+        "{encoded:?} does not decode back"
+    );
     let property = crate::targets::rocketmq::message::property_text(&text);
     assert!(
         !property.chars().any(char::is_control),

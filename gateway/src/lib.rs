@@ -2,7 +2,8 @@
 //! durably in its bus's log before the `202`; rules match events and deliver them to targets.
 //!
 //! The modules follow the data flow: `ingress` → `store` (bus logs, positions) → `runtime`
-//! (tasks that read, filter and deliver) → `targets`.
+//! (tasks that read, filter and deliver) → `targets`. Beneath them all, `event` is the
+//! stored form of an event that each of them reads or writes.
 
 // The RocketMQ client's futures are deep: the async bodies that hold them need a higher limit.
 #![recursion_limit = "512"]
@@ -14,6 +15,7 @@ pub mod app;
 pub mod catalog;
 pub mod config;
 pub mod console;
+pub mod event;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ingress;

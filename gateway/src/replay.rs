@@ -712,7 +712,7 @@ async fn adopt_once(state: &Arc<crate::ingress::IngressState>) -> Result<(), Sto
 /// One record as the subscription would deliver it, marked as replayed; `None` when the
 /// rule does not take it.
 fn replayed(sub: &Subscription, record: &crate::store::Record, id: &str) -> Option<Envelope> {
-    let event = crate::ingress::cloudevent::decode(&record.payload).ok()?;
+    let event = crate::event::decode(&record.payload).ok()?;
     if !sub.filter.matches(&event) {
         return None;
     }
@@ -724,21 +724,17 @@ fn replayed(sub: &Subscription, record: &crate::store::Record, id: &str) -> Opti
 pub fn marked(sub: &Subscription, mut event: cloudevents::Event, id: &str) -> Option<Envelope> {
     event.set_extension(REPLAY_EXTENSION, ExtensionValue::String(id.to_string()));
     let (raw, event, body) = match &sub.transform {
-        None => (
-            crate::ingress::cloudevent::encode(&event).ok()?,
-            event,
-            None,
-        ),
+        None => (crate::event::encode(&event).ok()?, event, None),
         Some(chain) => match chain.apply(&event).ok()? {
             sluice_functions::Output::Event(mut e) => {
                 e.set_extension(REPLAY_EXTENSION, ExtensionValue::String(id.to_string()));
-                (crate::ingress::cloudevent::encode(&e).ok()?, e, None)
+                (crate::event::encode(&e).ok()?, e, None)
             }
             sluice_functions::Output::Body {
                 content_type,
                 bytes,
             } => (
-                crate::ingress::cloudevent::encode(&event).ok()?,
+                crate::event::encode(&event).ok()?,
                 event,
                 Some(crate::targets::Body {
                     content_type,

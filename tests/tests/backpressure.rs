@@ -14,7 +14,7 @@ fn assert_shard_prefix(got: &[String], posted: &[String], shards: u32, what: &st
         let of = |ids: &[String]| -> Vec<String> {
             let mut out: Vec<String> = Vec::new();
             for id in ids {
-                if sluice::ingress::shard_of(id, shards) == shard && out.last() != Some(id) {
+                if sluice::event::shard_of(id, shards) == shard && out.last() != Some(id) {
                     out.push(id.clone());
                 }
             }

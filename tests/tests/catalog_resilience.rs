@@ -284,7 +284,7 @@ async fn a_rule_one_replica_cannot_build_fails_there_alone_and_its_events_wait()
     assert_eq!(sent.len(), 40);
     let on_one: HashSet<String> = sent
         .iter()
-        .filter(|id| owners[&sluice::ingress::shard_of(id, 4)] == one_id)
+        .filter(|id| owners[&sluice::event::shard_of(id, 4)] == one_id)
         .cloned()
         .collect();
     assert!(

@@ -111,7 +111,7 @@ async fn kill_under_load_then_restart(durability: &'static str) {
         let mut parts = id.split('-');
         let producer = parts.next().unwrap_or_default().to_string();
         let numbers = parts.filter_map(|p| p.parse().ok()).collect();
-        (sluice::ingress::shard_of(id, 4), producer, numbers)
+        (sluice::event::shard_of(id, 4), producer, numbers)
     };
     let mut last: std::collections::HashMap<(u32, String), Vec<u64>> = Default::default();
     let mut seen = HashSet::new();

@@ -203,7 +203,7 @@ async fn producers_with_different_keys_do_not_make_each_other_duplicates_in_redi
     producers_do_not_collide(true).await;
 }
 
-/// Redis memory the README counts for one dedup record with its index entry: 275 bytes and
+/// Redis memory docs/webhooks.md counts for one dedup record with its index entry: 275 bytes and
 /// twice the key name (`{prefix}:dedup:{32 hex}`).
 fn redis_record_bytes(prefix: &str) -> usize {
     275 + 2 * (prefix.len() + ":dedup:".len() + 32)

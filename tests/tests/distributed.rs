@@ -176,7 +176,7 @@ fn assert_in_order_per_shard(delivered: &[String], shards: u32) {
             continue;
         }
         let n: u64 = id.rsplit('-').next().unwrap().parse().unwrap();
-        let shard = sluice::ingress::shard_of(id, shards);
+        let shard = sluice::event::shard_of(id, shards);
         if let Some(previous) = last.insert(shard, n) {
             assert!(
                 n > previous,

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sluice::ingress::cloudevent;
+use sluice::event;
 use sluice_functions::{CesqlFilter, Pattern};
 use sluice_tests::receiver::{Receiver, Reply};
 use sluice_tests::{ids, post_batch, read_jsonl, shared_redis, Sluice};
@@ -223,7 +223,7 @@ async fn index_agrees_with_each_rule(distributed: Option<(String, String)>, seed
     }
     let decoded: Vec<cloudevents::Event> = events
         .iter()
-        .map(|e| cloudevent::decode(e.to_string().as_bytes()).unwrap())
+        .map(|e| event::decode(e.to_string().as_bytes()).unwrap())
         .collect();
     for (i, condition) in conditions.iter().enumerate() {
         let expected: Vec<String> = events
@@ -383,7 +383,7 @@ fn assert_in_shard_order(got: &[String], want: &[String], what: &str) {
     for shard in 0..4 {
         let of = |ids: &[String]| -> Vec<String> {
             ids.iter()
-                .filter(|id| sluice::ingress::shard_of(id, 4) == shard)
+                .filter(|id| sluice::event::shard_of(id, 4) == shard)
                 .cloned()
                 .collect()
         };

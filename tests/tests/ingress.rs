@@ -529,10 +529,10 @@ async fn probes_and_graceful_shutdown() {
     let mut markers: Vec<String> = Vec::new();
     for n in 0.. {
         let id = format!("after-restart-{n}");
-        let shard = sluice::ingress::shard_of(&id, 4);
+        let shard = sluice::event::shard_of(&id, 4);
         if markers
             .iter()
-            .all(|m| sluice::ingress::shard_of(m, 4) != shard)
+            .all(|m| sluice::event::shard_of(m, 4) != shard)
         {
             markers.push(id);
         }

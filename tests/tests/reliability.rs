@@ -152,7 +152,7 @@ async fn hostile_events_are_refused_and_never_stall_the_shard() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Item 2 (and a promise of the README): a store that cannot write refuses with 503, says
+// Item 2 (and a promise of docs/configuration.md): a store that cannot write refuses with 503, says
 // so on /readyz while liveness stays up, and takes writes again once it can.
 
 fn set_file_size_limit(pid: u32, limit: &str) {

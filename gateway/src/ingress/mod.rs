@@ -24,10 +24,11 @@ use serde_json::{json, Value};
 use tower::ServiceBuilder;
 
 use crate::config::Limits;
+use crate::event::{check_stored, partition_key, shard_of, ErrorKind, EventError};
 use crate::problem::Problem;
 use crate::runtime::cluster::Cluster;
 use crate::store::{BusLog, ShardAppend, StoreError, Unique};
-use cloudevent::{ContentMode, ErrorKind, EventError};
+use cloudevent::ContentMode;
 
 pub struct IngressState {
     /// Swapped as a whole when the configuration changes.
@@ -817,9 +818,9 @@ pub(crate) fn entry(
     // Accept exactly what delivery can read: anything else would stall its shard. (Binary
     // mode's data was read as the decoder reads it already; the rest is decoded once.)
     if !reads_back {
-        cloudevent::check_stored(&bytes)?;
+        check_stored(&bytes)?;
     }
-    let shard = shard_of(&cloudevent::partition_key(&event), shards);
+    let shard = shard_of(&partition_key(&event), shards);
     // The store's tail cache keeps these bytes and counts their length: no spare
     // capacity from the encoder's growth may ride along.
     let mut bytes = bytes;
@@ -975,17 +976,6 @@ pub(crate) fn store_problem(e: &StoreError) -> Problem {
     }
 }
 
-/// The shard of a partition key: FNV-1a 64, stable across processes, versions and machines
-/// (every replica must agree on it).
-pub fn shard_of(key: &str, shards: u32) -> u32 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in key.as_bytes() {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    (hash % u64::from(shards.max(1))) as u32
-}
-
 #[cfg(test)]
 mod tests {
     //! The router driven with `oneshot` over a real embedded log: hostile inputs either get
@@ -1080,25 +1070,6 @@ mod tests {
 
     fn depth(n: usize) -> Vec<u8> {
         format!("{}{}", "[".repeat(n), "]".repeat(n)).into_bytes()
-    }
-
-    /// The shard of a key is part of the stored data's layout (order per key, positions per
-    /// shard): FNV-1a 64 over the key's bytes, modulo the shard count. These values must
-    /// never change.
-    #[test]
-    fn shard_of_is_pinned() {
-        for (key, shards, want) in [
-            ("", 4, 1),
-            ("a", 4, 0),
-            ("foobar", 16, 8),
-            ("order-42", 4, 0),
-            ("order-42", 7, 0),
-            ("caf\u{e9}", 1000, 713),
-            ("user:1001", 3, 2),
-            ("anything", 0, 0),
-        ] {
-            assert_eq!(super::shard_of(key, shards), want, "{key:?} over {shards}");
-        }
     }
 
     #[tokio::test]
@@ -1262,7 +1233,7 @@ mod tests {
         let records = reader.read(1000).await.unwrap();
         assert_eq!(records.len(), accepted);
         for record in records {
-            super::cloudevent::decode(&record.payload)
+            crate::event::decode(&record.payload)
                 .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&record.payload)));
         }
     }

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::cloudevent::{EventError, Parsed};
+use super::cloudevent::Parsed;
+use crate::event::EventError;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -444,7 +444,7 @@ impl Delivery {
                     Err(e) => Err(e),
                 },
                 DeadLetter::Target(target) => {
-                    let raw = match crate::ingress::cloudevent::encode(&letter) {
+                    let raw = match crate::event::encode(&letter) {
                         Ok(raw) => bytes::Bytes::from(raw),
                         Err(e) => {
                             tracing::error!(error = %e, "cannot encode a dead letter");

@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use super::cluster::{mono_ms, task_id, Cluster, Control, Lease, State};
 use super::{shard_task_id, BusPlan, Subscription, STOP_GRACE};
 use crate::config::DeliveryConfig;
-use crate::ingress::cloudevent;
+use crate::event;
 use crate::store::{GroupPositions, PositionStore, Record, Seq, ShardReader, StoreError};
 use crate::targets::{Body, Envelope};
 use sluice_functions::Output;
@@ -617,7 +617,7 @@ impl Shared {
             }
             let mut record_decoded: Option<usize> = None;
             let event = if bus.needs_decode {
-                match cloudevent::decode(&record.payload) {
+                match event::decode(&record.payload) {
                     Ok(event) => Some(event),
                     Err(e) => {
                         tracing::error!(bus = %bus.name, shard = self.shard, seq = record.seq, error = %e, "a stored event does not decode; only rules without a condition take it");
@@ -1143,7 +1143,7 @@ fn prepare(
         return None;
     };
     match chain.apply(event) {
-        Ok(Output::Event(transformed)) => match cloudevent::encode(&transformed) {
+        Ok(Output::Event(transformed)) => match event::encode(&transformed) {
             Ok(raw) => Some(Envelope {
                 raw: raw.into(),
                 accepted_ms,
@@ -1568,7 +1568,7 @@ impl LaneTask {
             let event = if sub.filter.matches_everything() && sub.transform.is_none() {
                 None
             } else {
-                match cloudevent::decode(&r.payload) {
+                match event::decode(&r.payload) {
                     Ok(event) => Some(event),
                     Err(e) => {
                         if !sub.filter.matches_everything() {

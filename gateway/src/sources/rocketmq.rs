@@ -25,6 +25,7 @@ use rocketmq_model::common::message::message_queue::MessageQueue;
 use serde::{Deserialize, Serialize};
 
 use super::SourceTask;
+use crate::event;
 use crate::ingress::cloudevent;
 use crate::runtime::cluster::State;
 use crate::targets::{self, TargetError};
@@ -283,7 +284,7 @@ pub(crate) fn event(
             let value = if header == http::header::CONTENT_TYPE {
                 value.to_string()
             } else {
-                percent(value.as_str())
+                crate::event::header_text(value.as_str())
             };
             if let Ok(v) = http::HeaderValue::from_str(&value) {
                 headers.insert(header, v);
@@ -294,8 +295,7 @@ pub(crate) fn event(
         let data: &[u8] = if body == b"\0" { b"" } else { &body };
         match cloudevent::from_binary(&headers, data) {
             Ok(parsed) => {
-                let shard =
-                    crate::ingress::shard_of(&cloudevent::partition_key(&parsed.event), shards);
+                let shard = event::shard_of(&event::partition_key(&parsed.event), shards);
                 return Ok((shard, Bytes::from(parsed.stored)));
             }
             Err(e) => {
@@ -339,19 +339,6 @@ pub(crate) fn event(
     targets::stored(&event, shards)
 }
 
-/// Percent-encodes a value for a binary-mode header (the ingress parser decodes it).
-pub(crate) fn percent(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for b in value.bytes() {
-        if (0x21..=0x7e).contains(&b) && b != b'"' && b != b'%' {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use rocketmq_model::common::message::message_single::Message;
@@ -386,7 +373,7 @@ mod tests {
         let mut ext = MessageExt::default();
         ext.set_message_inner(message);
         let (_, stored) = event(&config, &ext, 1).unwrap();
-        cloudevent::decode(&stored).unwrap()
+        crate::event::decode(&stored).unwrap()
     }
 
     /// Found by fuzzing (`ce_structured`, RocketMQ target → source): the content type was

@@ -1,5 +1,5 @@
 //! The distributed store: every shared fact of a cluster in Redis, under one key prefix, so
-//! several clusters can share one Redis. The key layout (also in the README):
+//! several clusters can share one Redis. The key layout (also in docs/operations.md):
 //!
 //! ```text
 //! {p}:bus:{bus}:{shard}        stream; entry id 0-{seq+1}, field `e` = the stored event

@@ -48,8 +48,8 @@ impl Target for BusTarget {
         let mut records = Vec::with_capacity(events.len());
         for envelope in events {
             let event = envelope.decoded()?;
-            let key = crate::ingress::cloudevent::partition_key(&event);
-            records.push((crate::ingress::shard_of(&key, shards), envelope.raw.clone()));
+            let key = crate::event::partition_key(&event);
+            records.push((crate::event::shard_of(&key, shards), envelope.raw.clone()));
         }
         append_to_bus(self.log.as_ref(), &self.bus, records).await
     }

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::http::{self as http_target, BodyMode};
 use super::{append_to_bus, stored, Envelope, Resources, Target, TargetError, TargetPolicy};
 use crate::config::{redact_url, DeadLetterConfig, RetryConfig};
+use crate::event::{self, EventError};
 use crate::ingress::cloudevent::{self, ContentMode};
 use crate::store::BusLog;
 
@@ -163,13 +164,10 @@ impl FunctionTarget {
         let mut reply = match cloudevent::content_mode(&headers) {
             // The parsed binary event leaves its data in the stored form: read that back.
             Ok(ContentMode::Binary) => cloudevent::from_binary(&headers, &body).and_then(|p| {
-                cloudevent::decode(&p.stored)
-                    .map_err(|e| cloudevent::EventError::invalid("body", e.to_string()))
+                event::decode(&p.stored).map_err(|e| EventError::invalid("body", e.to_string()))
             }),
             Ok(ContentMode::Structured) => cloudevent::from_structured(&body),
-            Ok(ContentMode::Batch) => Err(cloudevent::EventError::unsupported(
-                "a batch is not a reply",
-            )),
+            Ok(ContentMode::Batch) => Err(EventError::unsupported("a batch is not a reply")),
             Err(e) => Err(e),
         }
         .map_err(|e| TargetError {

@@ -19,6 +19,7 @@ use tokio::sync::Semaphore;
 
 use super::{attributes, data_bytes, secret, Envelope, Target, TargetError, TargetPolicy};
 use crate::config::{redact_url, DeadLetterConfig, RetryConfig};
+use crate::event::header_text;
 use crate::runtime::delivery::{CircuitBreaker, RateLimiter};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -198,19 +199,6 @@ pub(crate) struct Request {
     pub(crate) headers: HeaderMap,
     pub(crate) body: Vec<u8>,
     pub(crate) id: String,
-}
-
-/// Percent-encodes a binary-mode header value (space, `"`, `%` and non-printable ASCII).
-pub(crate) fn header_text(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for b in value.bytes() {
-        if (0x21..=0x7e).contains(&b) && b != b'"' && b != b'%' {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// Builds the body and headers of one event in the given mode.

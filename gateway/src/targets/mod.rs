@@ -20,7 +20,7 @@ use cloudevents::event::{AttributeValue, Data};
 use cloudevents::Event;
 
 use crate::config::{Config, TargetConfig};
-use crate::ingress::cloudevent;
+use crate::event;
 use crate::store::BusLog;
 
 pub use file::{combine_writes, combining, CombineGuard, FileTarget};
@@ -87,7 +87,7 @@ impl Envelope {
     pub fn decoded(&self) -> Result<std::borrow::Cow<'_, Event>, TargetError> {
         match &self.event {
             Some(e) => Ok(std::borrow::Cow::Borrowed(e)),
-            None => cloudevent::decode(&self.raw)
+            None => event::decode(&self.raw)
                 .map(std::borrow::Cow::Owned)
                 .map_err(|e| TargetError::fatal(format!("stored event does not decode: {e}"))),
         }
@@ -341,11 +341,11 @@ pub fn attributes(event: &Event) -> Vec<(String, String)> {
 /// The stored form of an event the gateway made itself (a function reply, a dead letter),
 /// with the shard it belongs to on a bus of `shards` shards.
 pub fn stored(event: &Event, shards: u32) -> Result<(u32, Bytes), TargetError> {
-    let raw = cloudevent::encode(event)
+    let raw = crate::event::encode(event)
         .map_err(|e| TargetError::fatal(format!("cannot encode event: {e}")))?;
     // A function's reply goes onto a bus: held to what ingress accepts, or it would stall
     // that bus's subscriptions.
-    cloudevent::check_stored(&raw).map_err(|e| TargetError::fatal(e.to_string()))?;
+    crate::event::check_stored(&raw).map_err(|e| TargetError::fatal(e.to_string()))?;
     if raw.len() > crate::store::MAX_RECORD_BYTES {
         return Err(TargetError::fatal(format!(
             "the event is {} bytes stored, over the store's limit of {} bytes",
@@ -353,7 +353,7 @@ pub fn stored(event: &Event, shards: u32) -> Result<(u32, Bytes), TargetError> {
             crate::store::MAX_RECORD_BYTES
         )));
     }
-    let shard = crate::ingress::shard_of(&cloudevent::partition_key(event), shards);
+    let shard = crate::event::shard_of(&crate::event::partition_key(event), shards);
     Ok((shard, Bytes::from(raw)))
 }
 

@@ -973,15 +973,7 @@ fn unknown_webhook(name: &str) -> Problem {
 /// Text that may go in a `ce-*` header: everything outside printable ASCII (and `%`,
 /// `"`) percent-encoded, as binary mode expects.
 fn ce_value(text: &str) -> Option<HeaderValue> {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if (0x21..0x7f).contains(&b) && b != b'%' && b != b'"' {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    HeaderValue::from_str(&out).ok()
+    HeaderValue::from_str(&crate::event::header_text(text)).ok()
 }
 
 fn generated_id() -> String {
@@ -1073,7 +1065,7 @@ async fn receive(
     let json = content_type
         .as_deref()
         .map(crate::ingress::cloudevent::essence)
-        .is_none_or(|e| crate::ingress::cloudevent::is_json(&e));
+        .is_none_or(|e| crate::event::is_json(&e));
     // Only the fields this source reads, without building the document.
     let fields = if json {
         hook.paths.read(&body)

@@ -1,5 +1,5 @@
 //! The named presets: per provider, how its requests are signed (a `Scheme`) and where its
-//! delivery id, event name and timestamp are (a `Mapping`). The README's Webhooks section
+//! delivery id, event name and timestamp are (a `Mapping`). docs/webhooks.md
 //! documents this table; keep them together.
 
 use super::verify::{Algorithm, Encoding, Part, Scheme, TimeFormat, TimestampSpec};
@@ -37,7 +37,7 @@ pub const GENERIC: Mapping = Mapping {
     prefix: "",
 };
 
-/// Every named preset, in the order the README lists them.
+/// Every named preset, in the order docs/webhooks.md lists them.
 pub const NAMES: &[&str] = &[
     "standard-webhooks",
     "svix",

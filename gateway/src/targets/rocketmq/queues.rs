@@ -32,7 +32,7 @@ impl QueueMap {
 
     /// The index of the queue `key` goes to (the same hash ingress uses to pick a shard).
     pub(super) fn index_of(&self, key: &str) -> usize {
-        crate::ingress::shard_of(key, self.queues.len() as u32) as usize
+        crate::event::shard_of(key, self.queues.len() as u32) as usize
     }
 
     pub(super) fn queue(&self, index: usize) -> Option<&MessageQueue> {
