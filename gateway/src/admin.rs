@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::ingress::IngressState;
 use crate::problem::Problem;
-use crate::runtime::cluster::task_id;
+use crate::store::cluster::task_id;
 
 pub fn routes() -> Router<Arc<IngressState>> {
     Router::new()

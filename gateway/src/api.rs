@@ -39,8 +39,8 @@ use crate::catalog::{self, Catalog, ChangeError, Snapshot};
 use crate::config::{AdminConfig, BusConfig, Channels, Kind, RuleConfig};
 use crate::ingress::IngressState;
 use crate::problem::Problem;
-use crate::runtime::cluster::task_id;
 use crate::sources::SourceConfig;
+use crate::store::cluster::task_id;
 use crate::webhooks::WebhookConfig;
 
 /// The OpenAPI description of `/api/v1`, kept in `schemas/` and checked against the
@@ -1769,7 +1769,7 @@ async fn cluster(State(state): State<Arc<IngressState>>) -> Response {
     let mut assignment: BTreeMap<String, Vec<String>> =
         members.iter().map(|m| (m.clone(), Vec::new())).collect();
     for status in &statuses {
-        if status.state == crate::runtime::cluster::State::Running && status.id.contains('#') {
+        if status.state == crate::store::cluster::State::Running && status.id.contains('#') {
             if let Some(worker) = &status.worker {
                 assignment
                     .entry(worker.clone())
@@ -2560,7 +2560,7 @@ mod tests {
         let state = Arc::new(IngressState::new(
             HashMap::new(),
             crate::config::Limits::default(),
-            Arc::new(crate::runtime::cluster::LocalCluster::new("w")),
+            Arc::new(crate::store::cluster::LocalCluster::new("w")),
         ));
         let catalog = Catalog::new(Arc::new(catalog::FileCatalog::new(dir.path())));
         state.set_admin(catalog, auth);

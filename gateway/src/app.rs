@@ -16,8 +16,6 @@ use crate::config::{Channels, Config, Mode};
 use crate::ingress::auth::KeySet;
 use crate::ingress::{self, IngressState};
 use crate::rules::{compile_transform, Filter};
-use crate::runtime::cluster::State;
-use crate::runtime::cluster::{Cluster, LocalCluster};
 use crate::runtime::delivery::Delivery;
 use crate::runtime::rebalance::stable_hash;
 use crate::runtime::{
@@ -25,6 +23,8 @@ use crate::runtime::{
     WorkerOptions,
 };
 use crate::sources::Source;
+use crate::store::cluster::State;
+use crate::store::cluster::{Cluster, LocalCluster};
 use crate::store::embedded::{DataDir, LogOptions};
 use crate::store::redis::{ClusterOptions, Redis, RedisCluster, RedisLog, RedisPositions};
 use crate::store::{BusLog, PositionStore, StoreError};
@@ -952,7 +952,7 @@ async fn follow_catalog(
             .filter(|(id, _)| !after.contains_key(*id))
             .flat_map(|(id, tasks)| {
                 std::iter::once(id.clone())
-                    .chain((0..*tasks).map(|t| crate::runtime::cluster::task_id(id, t)))
+                    .chain((0..*tasks).map(|t| crate::store::cluster::task_id(id, t)))
             })
             .collect();
         let plan = Arc::new(plan);

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::config::{Channels, Invalid, Kind};
-use crate::runtime::cluster::Cluster;
+use crate::store::cluster::Cluster;
 use crate::store::redis::RedisCluster;
 use crate::store::StoreError;
 

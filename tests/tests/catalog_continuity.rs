@@ -185,7 +185,7 @@ async fn replicas_converge_on_a_catalog_restored_from_an_older_backup() {
 #[tokio::test]
 async fn redis_catalog_writes_compare_version_and_id() {
     use sluice::catalog::{CatalogStore, Head, RedisCatalog};
-    use sluice::runtime::cluster::Cluster as _;
+    use sluice::store::cluster::Cluster as _;
     use sluice::store::redis::{ClusterOptions, Redis, RedisCluster};
     use std::collections::BTreeMap;
 

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
-use sluice::runtime::cluster::Cluster;
 use sluice::runtime::rebalance::{assign, Strategy};
+use sluice::store::cluster::Cluster;
 use sluice::store::redis::{ClusterOptions, Redis, RedisCluster, RedisPositions};
 use sluice::store::PositionStore;
 use sluice_tests::receiver::{event_ids, Receiver, Reply};

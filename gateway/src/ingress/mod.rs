@@ -26,7 +26,7 @@ use tower::ServiceBuilder;
 use crate::config::Limits;
 use crate::event::{check_stored, partition_key, shard_of, ErrorKind, EventError};
 use crate::problem::Problem;
-use crate::runtime::cluster::Cluster;
+use crate::store::cluster::Cluster;
 use crate::store::{BusLog, ShardAppend, StoreError, Unique};
 use cloudevent::ContentMode;
 
@@ -992,7 +992,7 @@ mod tests {
 
     use super::{router, IngressState};
     use crate::config::{Durability, Limits};
-    use crate::runtime::cluster::LocalCluster;
+    use crate::store::cluster::LocalCluster;
     use crate::store::embedded::{DataDir, EmbeddedLog, LogOptions};
     use crate::store::BusLog;
 

@@ -30,7 +30,6 @@
 //! continue from their position, new ones start at the end of the shard. Shard tasks of
 //! other buses are not touched.
 
-pub mod cluster;
 pub mod delivery;
 pub mod rebalance;
 mod shard;
@@ -46,9 +45,9 @@ use tokio::task::JoinHandle;
 use crate::config::DeliveryConfig;
 use crate::rules::Filter;
 use crate::sources::{Source, SourceTask};
+use crate::store::cluster::{mono_ms, task_id, Cluster, Control, Lease, State};
 use crate::store::{BusLog, PositionStore, Seq};
 use crate::targets::Target;
-use cluster::{mono_ms, task_id, Cluster, Control, Lease, State};
 use rebalance::{stable_hash, Strategy};
 use sluice_functions::{RuleIndex, TransformChain};
 
@@ -906,7 +905,7 @@ fn trusted_until(asked: u64, ttl: Duration, now: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::cluster::{LocalCluster, Status};
+    use crate::store::cluster::{LocalCluster, Status};
     use crate::store::StoreError;
 
     /// A standalone cluster whose lease requests take `delay` to be answered.

@@ -28,10 +28,10 @@ use bytes::Bytes;
 use cloudevents::Event;
 use tokio::sync::watch;
 
-use super::cluster::{mono_ms, task_id, Cluster, Control, Lease, State};
 use super::{shard_task_id, BusPlan, Subscription, STOP_GRACE};
 use crate::config::DeliveryConfig;
 use crate::event;
+use crate::store::cluster::{mono_ms, task_id, Cluster, Control, Lease, State};
 use crate::store::{GroupPositions, PositionStore, Record, Seq, ShardReader, StoreError};
 use crate::targets::{Body, Envelope};
 use sluice_functions::Output;

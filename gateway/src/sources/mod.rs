@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::runtime::cluster::{mono_ms, Cluster, Lease, State};
+use crate::store::cluster::{mono_ms, Cluster, Lease, State};
 use crate::store::{BusLog, PositionStore};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

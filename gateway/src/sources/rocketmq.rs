@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use super::SourceTask;
 use crate::event;
 use crate::ingress::cloudevent;
-use crate::runtime::cluster::State;
+use crate::store::cluster::State;
 use crate::targets::{self, TargetError};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

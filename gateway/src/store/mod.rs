@@ -1,7 +1,10 @@
 //! The storage traits every mode implements: bus logs (one ordered log per shard) and
 //! positions (how far each subscription has delivered each shard). The embedded backend keeps
 //! them on local disk; the distributed backend keeps them in Redis behind the same traits.
+//! `cluster` holds the cluster service's trait (membership, leases, control, status), which
+//! the same two backends implement: one process in memory, or Redis.
 
+pub mod cluster;
 pub mod embedded;
 pub mod redis;
 
@@ -13,7 +16,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::watch;
 
-use crate::runtime::cluster::Lease;
+use cluster::Lease;
 
 /// A sequence number within one shard's log: the first record is 0, then 1, 2, …
 pub type Seq = u64;

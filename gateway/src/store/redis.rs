@@ -40,7 +40,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands as _, Script};
 use tokio::sync::watch;
 
-use crate::runtime::cluster::{Cluster, Control, Lease, Status};
+use crate::store::cluster::{Cluster, Control, Lease, Status};
 use crate::store::{
     BusLog, GroupPositions, PositionStore, Record, Seq, ShardAppend, ShardReader, StoreError,
     Unique,
@@ -1043,7 +1043,7 @@ impl PositionStore for RedisPositions {
         while let Some(((sub, shard), seq, owner)) = batch.next() {
             // Progress of a task this worker no longer runs is never committed.
             let Some((task, epoch)) = owner else {
-                fenced.push(crate::runtime::cluster::task_id(&sub, shard));
+                fenced.push(crate::store::cluster::task_id(&sub, shard));
                 continue;
             };
             let result = self

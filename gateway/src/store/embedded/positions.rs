@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use crate::runtime::cluster::Lease;
+use crate::store::cluster::Lease;
 use crate::store::{GroupPositions, PositionStore, Seq, StoreError};
 use serde::{Deserialize, Serialize};
 

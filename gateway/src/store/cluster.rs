@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::store::StoreError;
+use super::StoreError;
 
 /// A task or a subscription's part of one: `{connector}#{index}`. The tasks a worker
 /// leases are `bus/{bus}#{shard}` (every subscription of the bus for that shard) and
