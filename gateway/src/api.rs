@@ -201,11 +201,8 @@ fn generated_token(path: &std::path::Path) -> std::io::Result<String> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
     let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options.open(path)?;
+    // Owner only, like every file of the data directory (which this process holds locked).
+    let mut file = crate::store::embedded::create_private(path)?;
     file.write_all(format!("{token}\n").as_bytes())?;
     file.sync_all()?;
     Ok(token)
@@ -997,8 +994,16 @@ fn admission_problem(
             invalid.message
         ));
     }
-    let mut problem = Problem::invalid_resource(&invalid.pointer, invalid.message);
-    if refusal.conflict {
+    refused(
+        Problem::invalid_resource(&invalid.pointer, invalid.message),
+        refusal.conflict,
+    )
+}
+
+/// A refusal's problem, made `409 Conflict` when the store's state refused it (a bus log
+/// with another shard count) rather than the resource itself; field and pointer kept.
+fn refused(mut problem: Problem, conflict: bool) -> Problem {
+    if conflict {
         problem.status = StatusCode::CONFLICT.as_u16();
         problem.title = "Conflict";
         problem.kind = Problem::conflict("").kind;
@@ -1483,13 +1488,10 @@ async fn apply(
         .change(|s| {
             let (next, report) = merge(&s.channels, &file, prune);
             if let Some(refusal) = admit(&state, &s.channels, &next, &keys, &stored) {
-                let mut problem = applied_invalid(&next, &file, &refusal.invalid);
-                if refusal.conflict {
-                    problem.status = StatusCode::CONFLICT.as_u16();
-                    problem.title = "Conflict";
-                    problem.kind = Problem::conflict("").kind;
-                }
-                return Err(problem);
+                return Err(refused(
+                    applied_invalid(&next, &file, &refusal.invalid),
+                    refusal.conflict,
+                ));
             }
             attempted = Some(next.clone());
             Ok::<_, Problem>((if dry_run { None } else { Some(next) }, report))
