@@ -89,7 +89,7 @@ impl Admission {
             invalid,
             conflict: true,
         })?;
-        let old = resources_of(before, keys);
+        let old = Snapshot::resources_where(before, |key| keys.contains(key));
         let changed = |key: &String, json: &serde_json::Value| {
             keys.contains(key) && old.get(key) != Some(json)
         };
@@ -197,39 +197,6 @@ impl Admission {
 
 fn json(resource: &impl serde::Serialize) -> serde_json::Value {
     serde_json::to_value(resource).unwrap_or(serde_json::Value::Null)
-}
-
-/// The resources of `channels` among `keys`, as JSON (what tells a changed one).
-fn resources_of(channels: &Channels, keys: &HashSet<String>) -> HashMap<String, serde_json::Value> {
-    let mut out = HashMap::new();
-    let mut add = |key: String, value: serde_json::Value| {
-        out.insert(key, value);
-    };
-    for bus in &channels.buses {
-        let key = catalog::bus_key(bus.name.get_ref());
-        if keys.contains(&key) {
-            add(key, json(bus));
-        }
-    }
-    for rule in &channels.rules {
-        let key = catalog::rule_key(rule.bus.get_ref(), rule.name.get_ref());
-        if keys.contains(&key) {
-            add(key, json(rule));
-        }
-    }
-    for source in &channels.sources {
-        let key = catalog::source_key(source.name());
-        if keys.contains(&key) {
-            add(key, json(source));
-        }
-    }
-    for hook in &channels.webhooks {
-        let key = catalog::webhook_key(hook.name.get_ref());
-        if keys.contains(&key) {
-            add(key, json(hook));
-        }
-    }
-    out
 }
 
 /// The keys of every resource of `channels` (the resources a request names).
