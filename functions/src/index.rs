@@ -20,6 +20,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use cloudevents::Event;
+use rustc_hash::FxBuildHasher;
 
 use crate::cesql::CesqlFilter;
 use crate::pattern::{conjunction_matches, FieldCondition, Matcher, Pattern, Range, Scalar};
@@ -27,62 +28,10 @@ use crate::view::{fold_into, with_attribute, Attr, EventView, Leaf, NumKey};
 
 type CondId = u32;
 
-/// FxHash (as in rustc): much faster than SipHash for the short keys looked up per leaf.
-/// Flooding is not a concern: only rule values (configuration) are stored as keys, and a
-/// lookup of event data costs one probe sequence whatever its value.
-#[derive(Default, Clone, Copy)]
-struct FxHasher {
-    hash: u64,
-}
-
-impl FxHasher {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl std::hash::Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut buf = [0u8; 8];
-            buf.copy_from_slice(c);
-            self.add(u64::from_le_bytes(buf));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut buf = [0u8; 8];
-            for (b, r) in buf.iter_mut().zip(rest) {
-                *b = *r;
-            }
-            self.add(u64::from_le_bytes(buf));
-        }
-    }
-
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-
-    /// Rotated so the well-mixed high bits of the last multiply pick the bucket: the low
-    /// bits of a product depend only on the low bits of what was multiplied, so without
-    /// it keys that differ past their first bytes (`t1`..`t9999`) start their probes in a
-    /// few hundred buckets of thousands, and a lookup walks long probe sequences comparing
-    /// strings (a 10,000-rule index spent most of its time there).
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.hash.rotate_left(26)
-    }
-}
-
-type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
+/// FxHash (rustc's hasher): much faster than SipHash for the short keys looked up per
+/// leaf. Flooding is not a concern: only rule values (configuration) are stored as keys,
+/// and a lookup of event data costs one probe sequence whatever its value.
+type FastMap<K, V> = HashMap<K, V, FxBuildHasher>;
 
 /// Builds a [`RuleIndex`].
 #[derive(Debug, Default, Clone)]
@@ -735,16 +684,15 @@ impl RuleIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::hash::{BuildHasher, BuildHasherDefault};
+    use std::hash::BuildHasher;
 
     #[test]
     fn similar_keys_start_their_probes_in_different_buckets() {
         // hashbrown picks the bucket from the low bits of the hash: 10,000 keys that differ
         // only past their first bytes must spread over a 16,384-bucket table about as
         // random hashes would (~7,500 distinct buckets), not crowd into a few hundred.
-        let build = BuildHasherDefault::<FxHasher>::default();
         let buckets: std::collections::HashSet<u64> = (0..10_000)
-            .map(|i| build.hash_one(format!("t{i}").as_str()) & 0x3fff)
+            .map(|i| FxBuildHasher.hash_one(format!("t{i}").as_str()) & 0x3fff)
             .collect();
         assert!(buckets.len() > 6_000, "only {} buckets", buckets.len());
     }

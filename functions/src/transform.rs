@@ -12,7 +12,7 @@
 //! applying a chain never panics and reports a failure as that event's error.
 
 use cloudevents::{AttributesReader, AttributesWriter, Data, Event};
-use jsonpath_rust::parser::model::JpQuery;
+use jsonpath_rust::parser::model::{JpQuery, Segment, Selector};
 use jsonpath_rust::parser::parse_json_path;
 use jsonpath_rust::query::js_path_process;
 use serde_json::{Map, Value};
@@ -69,39 +69,18 @@ enum Seg {
     Index(usize),
 }
 
-fn parse_simple(s: &str) -> Option<Vec<Seg>> {
-    let mut rest = s.strip_prefix('$')?;
-    let mut segs = Vec::new();
-    while !rest.is_empty() {
-        if let Some(r) = rest.strip_prefix("['") {
-            let end = r.find("']")?;
-            let key = r.get(..end)?;
-            if key.contains(['\\', '\'']) {
-                return None;
-            }
-            segs.push(Seg::Key(key.to_owned()));
-            rest = r.get(end + 2..)?;
-        } else if let Some(r) = rest.strip_prefix('[') {
-            let end = r.find(']')?;
-            let digits = r.get(..end)?;
-            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            segs.push(Seg::Index(digits.parse().ok()?));
-            rest = r.get(end + 1..)?;
-        } else if let Some(r) = rest.strip_prefix('.') {
-            let end = r
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(r.len());
-            if end == 0 {
-                return None;
-            }
-            segs.push(Seg::Key(r.get(..end)?.to_owned()));
-            rest = r.get(end..)?;
-        } else {
-            return None;
-        }
-    }
+/// The segments of a plain path (only child names and non-negative indices), read from
+/// the query jsonpath-rust parsed.
+fn simple_path(query: &JpQuery) -> Option<Vec<Seg>> {
+    let segs = query
+        .segments
+        .iter()
+        .map(|seg| match seg {
+            Segment::Selector(Selector::Name(k)) => Some(Seg::Key(k.clone())),
+            Segment::Selector(Selector::Index(i)) => usize::try_from(*i).ok().map(Seg::Index),
+            _ => None,
+        })
+        .collect::<Option<Vec<Seg>>>()?;
     // `$` alone and `$.data_base64` need the full structured form.
     match segs.first() {
         Some(Seg::Key(k)) if k != "data_base64" => Some(segs),
@@ -197,8 +176,8 @@ impl JsonPath {
         let query = parse_json_path(s).map_err(|e| format!("invalid JSONPath `{s}`: {e}"))?;
         Ok(JsonPath {
             source: s.to_owned(),
+            simple: simple_path(&query),
             query,
-            simple: parse_simple(s),
         })
     }
 
@@ -824,6 +803,8 @@ mod tests {
             "$.data.a.b[5]",
             "$.data['a']['b']",
             "$.data['k-1']",
+            "$.data[\"a\"]['b'][1]",
+            "$['type']",
             "$.data.s",
             "$.data.s.x",
             "$.data.nope",

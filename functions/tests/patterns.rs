@@ -805,3 +805,22 @@ fn arrays_of_objects_match_within_one_element() {
         ),
     ]);
 }
+
+#[test]
+fn bad_patterns_carry_their_json_pointer() {
+    for (pattern, pointer) in [
+        (json!([1]), ""),
+        (
+            json!({"data": {"price": [{"numeric": [">", "x"]}]}}),
+            "/data/price/0/numeric/1",
+        ),
+        // Keys with `.`, `/` and `~` stay one segment, escaped as RFC 6901 says.
+        (
+            json!({"data": {"a.b/c~d": [{"prefix": 1}]}}),
+            "/data/a.b~1c~0d/0/prefix",
+        ),
+    ] {
+        let e = Pattern::compile(&pattern).expect_err(&pattern.to_string());
+        assert_eq!(e.pointer, pointer, "{pattern}");
+    }
+}

@@ -1,17 +1,12 @@
-//! Event patterns with the operator set of Amazon EventBridge / RocketMQ EventBridge.
-//!
-//! A pattern is compiled once into disjunctive normal form: a list of alternatives (one per
-//! `$or` combination), each a conjunction of field conditions. A field condition holds a
-//! path (attribute name, then keys inside `data`) and a list of matchers, any of which may
-//! match any leaf found at that path. The rule index consumes the same compiled form.
+//! Compiling a JSON pattern into disjunctive normal form, with the JSON path of any bad
+//! part in the error.
 
 use std::fmt;
-use std::net::IpAddr;
 
-use cloudevents::Event;
 use serde_json::{Map, Value};
 
-use crate::view::{compatible, fold, is_attribute_name, Attr, EventView, Leaf, Num, NumKey};
+use super::matcher::{Bound, Cidr, Conjunction, FieldCondition, Matcher, Range, Scalar, Wildcard};
+use crate::view::{fold, is_attribute_name, Attr, Num};
 
 /// Deepest nesting of objects/`$or` a pattern may have; bounds compiler recursion.
 pub const MAX_PATTERN_DEPTH: usize = 32;
@@ -24,410 +19,22 @@ pub const MAX_PATTERN_ALTERNATIVES: usize = 1024;
 pub struct PatternError {
     /// JSON path of the bad part, e.g. `$.data.price[0].numeric[1]`.
     pub path: String,
+    /// The same place as a JSON Pointer (RFC 6901), e.g. `/data/price/0/numeric/1`.
+    pub pointer: String,
     /// What is wrong there.
     pub message: String,
 }
 
-/// A compiled event pattern.
-#[derive(Debug, Clone)]
-pub struct Pattern {
-    pub(crate) alternatives: Vec<Conjunction>,
+/// Compiles a JSON pattern into its alternatives.
+pub(super) fn compile_pattern(pattern: &Value) -> Result<Vec<Conjunction>, PatternError> {
+    let mut at = ErrPath::default();
+    let Value::Object(obj) = pattern else {
+        return Err(at.error("a pattern must be a JSON object"));
+    };
+    compile_object(obj, &[], &mut at, 0)
 }
 
-#[derive(Debug, Clone)]
-pub(crate) struct Conjunction {
-    pub(crate) conditions: Vec<FieldCondition>,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct FieldCondition {
-    /// Full path; `path[0]` is the attribute name or `data`.
-    pub(crate) path: Vec<String>,
-    pub(crate) attr: Attr,
-    pub(crate) matchers: Vec<Matcher>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Scalar {
-    Null,
-    Bool(bool),
-    Num(NumKey),
-    Str(String),
-}
-
-impl Scalar {
-    fn equals(&self, leaf: Leaf<'_>) -> bool {
-        match (self, leaf) {
-            (Scalar::Null, Leaf::Null) => true,
-            (Scalar::Bool(a), Leaf::Bool(b)) => *a == b,
-            (Scalar::Num(k), Leaf::Num(n)) => *k == n.key,
-            (Scalar::Str(a), Leaf::Str(b)) => a == b,
-            _ => false,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Bound {
-    pub(crate) value: f64,
-    pub(crate) inclusive: bool,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Range {
-    pub(crate) lower: Option<Bound>,
-    pub(crate) upper: Option<Bound>,
-}
-
-impl Range {
-    pub(crate) fn contains(&self, x: f64) -> bool {
-        let lower_ok = match &self.lower {
-            None => true,
-            Some(b) if b.inclusive => x >= b.value,
-            Some(b) => x > b.value,
-        };
-        let upper_ok = match &self.upper {
-            None => true,
-            Some(b) if b.inclusive => x <= b.value,
-            Some(b) => x < b.value,
-        };
-        lower_ok && upper_ok
-    }
-}
-
-/// A `*` glob; `parts` are the literal pieces between stars.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Wildcard {
-    parts: Vec<String>,
-}
-
-impl Wildcard {
-    fn parse(s: &str) -> Result<Wildcard, String> {
-        let mut parts = vec![String::new()];
-        let mut chars = s.chars();
-        let mut last_was_star = false;
-        while let Some(c) = chars.next() {
-            match c {
-                '*' => {
-                    if last_was_star {
-                        return Err("consecutive `*` are not allowed in a wildcard".into());
-                    }
-                    parts.push(String::new());
-                    last_was_star = true;
-                    continue;
-                }
-                '\\' => {
-                    let escaped = match chars.next() {
-                        Some(e @ ('*' | '\\')) => e,
-                        _ => {
-                            return Err(
-                                "a `\\` in a wildcard must be followed by `*` or `\\`".into()
-                            )
-                        }
-                    };
-                    push_char(&mut parts, escaped);
-                }
-                other => push_char(&mut parts, other),
-            }
-            last_was_star = false;
-        }
-        Ok(Wildcard { parts })
-    }
-
-    pub(crate) fn matches(&self, s: &str) -> bool {
-        let (first, rest) = match self.parts.split_first() {
-            Some(x) => x,
-            None => return s.is_empty(),
-        };
-        let Some((last, middle)) = rest.split_last() else {
-            return s == first;
-        };
-        if s.len() < first.len() + last.len() || !s.starts_with(first.as_str()) {
-            return false;
-        }
-        if !s.ends_with(last.as_str()) {
-            return false;
-        }
-        let Some(mut region) = s.get(first.len()..s.len() - last.len()) else {
-            return false;
-        };
-        for part in middle {
-            match region.find(part.as_str()) {
-                Some(at) => match region.get(at + part.len()..) {
-                    Some(r) => region = r,
-                    None => return false,
-                },
-                None => return false,
-            }
-        }
-        true
-    }
-}
-
-fn push_char(parts: &mut [String], c: char) {
-    if let Some(last) = parts.last_mut() {
-        last.push(c);
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Cidr {
-    net: IpAddr,
-    prefix: u8,
-}
-
-impl Cidr {
-    fn parse(s: &str) -> Result<Cidr, String> {
-        let (addr, len) = s
-            .split_once('/')
-            .ok_or_else(|| format!("`{s}` is not in CIDR notation (address/prefix-length)"))?;
-        let net: IpAddr = addr
-            .trim()
-            .parse()
-            .map_err(|_| format!("`{addr}` is not an IPv4 or IPv6 address"))?;
-        let prefix: u8 = len
-            .trim()
-            .parse()
-            .map_err(|_| format!("`{len}` is not a prefix length"))?;
-        let max = if net.is_ipv4() { 32 } else { 128 };
-        if prefix > max {
-            return Err(format!("prefix length {prefix} is larger than {max}"));
-        }
-        Ok(Cidr { net, prefix })
-    }
-
-    pub(crate) fn contains(&self, s: &str) -> bool {
-        let Ok(ip) = s.trim().parse::<IpAddr>() else {
-            return false;
-        };
-        match (self.net, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => {
-                let mask = u32::MAX
-                    .checked_shl(32 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u32::from(n) & mask == u32::from(a) & mask
-            }
-            (IpAddr::V6(n), IpAddr::V6(a)) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u128::from(n) & mask == u128::from(a) & mask
-            }
-            _ => false,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Matcher {
-    Exact(Scalar),
-    Prefix(String),
-    /// Folded prefix.
-    PrefixIgnoreCase(String),
-    Suffix(String),
-    SuffixIgnoreCase(String),
-    /// Folded value.
-    EqualsIgnoreCase(String),
-    Wildcard(Wildcard),
-    AnythingBut(Vec<Scalar>),
-    AnythingButPrefix(Vec<String>),
-    AnythingButSuffix(Vec<String>),
-    AnythingButWildcard(Vec<Wildcard>),
-    /// Folded values.
-    AnythingButIgnoreCase(Vec<String>),
-    Numeric(Range),
-    Cidr(Cidr),
-    Exists(bool),
-}
-
-impl Matcher {
-    /// Whether one leaf satisfies this matcher. `Exists` is decided per path, not per leaf.
-    pub(crate) fn test(&self, leaf: Leaf<'_>) -> bool {
-        match self {
-            Matcher::Exact(s) => s.equals(leaf),
-            Matcher::Numeric(r) => matches!(leaf, Leaf::Num(n) if r.contains(n.f)),
-            Matcher::AnythingBut(list) => !list.iter().any(|s| s.equals(leaf)),
-            Matcher::Exists(_) => false,
-            _ => match leaf {
-                Leaf::Str(s) => self.test_str(s),
-                _ => false,
-            },
-        }
-    }
-
-    fn test_str(&self, s: &str) -> bool {
-        match self {
-            Matcher::Prefix(p) => s.starts_with(p.as_str()),
-            Matcher::PrefixIgnoreCase(p) => fold(s).starts_with(p.as_str()),
-            Matcher::Suffix(p) => s.ends_with(p.as_str()),
-            Matcher::SuffixIgnoreCase(p) => fold(s).ends_with(p.as_str()),
-            Matcher::EqualsIgnoreCase(v) => fold(s) == *v,
-            Matcher::Wildcard(w) => w.matches(s),
-            Matcher::AnythingButPrefix(ps) => !ps.iter().any(|p| s.starts_with(p.as_str())),
-            Matcher::AnythingButSuffix(ps) => !ps.iter().any(|p| s.ends_with(p.as_str())),
-            Matcher::AnythingButWildcard(ws) => !ws.iter().any(|w| w.matches(s)),
-            Matcher::AnythingButIgnoreCase(vs) => !vs.contains(&fold(s)),
-            Matcher::Cidr(c) => c.contains(s),
-            _ => false,
-        }
-    }
-}
-
-impl FieldCondition {
-    pub(crate) fn rest(&self) -> &[String] {
-        self.path.get(1..).unwrap_or(&[])
-    }
-
-    /// Whether the condition holds on its own (arrays flattened).
-    fn eval(&self, view: &EventView<'_>) -> bool {
-        let mut any_leaf = false;
-        let mut hit = false;
-        view.leaves(&self.attr, self.rest(), &mut |leaf, _| {
-            any_leaf = true;
-            if !hit && self.matchers.iter().any(|m| m.test(leaf)) {
-                hit = true;
-            }
-        });
-        hit || self
-            .matchers
-            .iter()
-            .any(|m| matches!(m, Matcher::Exists(e) if *e == any_leaf))
-    }
-
-    /// The leaves that satisfy this condition, as coordinates to reconcile with the other
-    /// conditions of the conjunction.
-    fn witnesses(&self, view: &EventView<'_>) -> Witnesses {
-        let exists_true = self.matchers.contains(&Matcher::Exists(true));
-        let mut any_leaf = false;
-        let mut free = false;
-        let mut bound: Vec<Vec<(usize, usize)>> = Vec::new();
-        view.leaves(&self.attr, self.rest(), &mut |leaf, coords| {
-            any_leaf = true;
-            if free || bound.len() >= MAX_WITNESSES {
-                return;
-            }
-            if exists_true || self.matchers.iter().any(|m| m.test(leaf)) {
-                if coords.is_empty() {
-                    free = true;
-                } else {
-                    bound.push(coords.to_vec());
-                }
-            }
-        });
-        if free || (!any_leaf && self.matchers.contains(&Matcher::Exists(false))) {
-            Witnesses::Free
-        } else if bound.is_empty() {
-            Witnesses::None
-        } else {
-            Witnesses::Bound(bound)
-        }
-    }
-}
-
-/// Leaves kept per condition when reconciling array elements.
-const MAX_WITNESSES: usize = 4096;
-/// Steps of the array-consistency search before falling back to the flattened answer.
-const MAX_CONSISTENCY_STEPS: usize = 100_000;
-
-enum Witnesses {
-    /// Not satisfied.
-    None,
-    /// Satisfied by a leaf outside any array of objects (or by absence): no constraint.
-    Free,
-    /// Satisfied only by leaves inside arrays of objects, at these coordinates.
-    Bound(Vec<Vec<(usize, usize)>>),
-}
-
-/// Whether all conditions hold, with leaves taken from the same element of every array of
-/// objects they share (EventBridge's array-consistent matching).
-pub(crate) fn conjunction_matches(conditions: &[FieldCondition], view: &EventView<'_>) -> bool {
-    // Each condition holding on its own is necessary; it is also sufficient unless two or
-    // more conditions look inside `data`, where arrays of objects can be shared.
-    if !conditions.iter().all(|c| c.eval(view)) {
-        return false;
-    }
-    if conditions.iter().filter(|c| c.attr == Attr::Data).count() < 2 {
-        return true;
-    }
-    let mut lists: Vec<Vec<Vec<(usize, usize)>>> = Vec::new();
-    for c in conditions {
-        match c.witnesses(view) {
-            Witnesses::None => return false,
-            Witnesses::Free => {}
-            Witnesses::Bound(w) => lists.push(w),
-        }
-    }
-    if lists.len() < 2 {
-        return true;
-    }
-    lists.sort_by_key(Vec::len);
-    // Iterative backtracking: choose one witness per condition, pairwise compatible.
-    let mut choice = vec![0usize; lists.len()];
-    let mut level = 0usize;
-    let mut steps = 0usize;
-    loop {
-        let (Some(list), Some(&at)) = (lists.get(level), choice.get(level)) else {
-            return true; // every level has a compatible choice
-        };
-        let Some(candidate) = list.get(at) else {
-            if level == 0 {
-                return false;
-            }
-            if let Some(c) = choice.get_mut(level) {
-                *c = 0;
-            }
-            level -= 1;
-            if let Some(c) = choice.get_mut(level) {
-                *c += 1;
-            }
-            continue;
-        };
-        steps += 1;
-        if steps > MAX_CONSISTENCY_STEPS {
-            // Pathological event: keep the flattened answer (every condition holds).
-            return true;
-        }
-        let fits = (0..level).all(|l| match (lists.get(l), choice.get(l)) {
-            (Some(prev), Some(&i)) => prev.get(i).is_some_and(|p| compatible(p, candidate)),
-            _ => false,
-        });
-        if fits {
-            level += 1;
-        } else if let Some(c) = choice.get_mut(level) {
-            *c += 1;
-        }
-    }
-}
-
-impl Pattern {
-    /// Compiles a JSON pattern. The top level must be an object; `{}` matches every event.
-    pub fn compile(pattern: &Value) -> Result<Pattern, PatternError> {
-        let mut at = ErrPath::default();
-        let Value::Object(obj) = pattern else {
-            return Err(at.error("a pattern must be a JSON object"));
-        };
-        let alternatives = compile_object(obj, &[], &mut at, 0)?;
-        Ok(Pattern { alternatives })
-    }
-
-    /// Whether the event matches this pattern.
-    pub fn matches(&self, event: &Event) -> bool {
-        let view = EventView::new(event);
-        self.matches_view(&view)
-    }
-
-    pub(crate) fn matches_view(&self, view: &EventView<'_>) -> bool {
-        self.alternatives
-            .iter()
-            .any(|alt| conjunction_matches(&alt.conditions, view))
-    }
-
-    /// True when the pattern places no condition at all (`{}`).
-    pub fn is_match_all(&self) -> bool {
-        self.alternatives.iter().any(|a| a.conditions.is_empty())
-    }
-}
-
+/// Where the compiler is in the pattern, for error messages.
 #[derive(Default)]
 struct ErrPath {
     segs: Vec<Seg>,
@@ -462,8 +69,22 @@ impl ErrPath {
     fn error(&self, message: impl Into<String>) -> PatternError {
         PatternError {
             path: self.to_string(),
+            pointer: self.pointer(),
             message: message.into(),
         }
+    }
+
+    /// The JSON Pointer of where the compiler is (`~` and `/` escaped as RFC 6901 says).
+    fn pointer(&self) -> String {
+        let mut pointer = String::new();
+        for s in &self.segs {
+            pointer.push('/');
+            match s {
+                Seg::Key(k) => pointer.push_str(&k.replace('~', "~0").replace('/', "~1")),
+                Seg::Index(i) => pointer.push_str(&i.to_string()),
+            }
+        }
+        pointer
     }
 
     fn with_key<T>(
