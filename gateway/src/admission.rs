@@ -149,17 +149,19 @@ impl Admission {
                         )
                     })?;
                 }
-                crate::targets::validate(&self.config, target, &buses).map_err(|e| {
-                    refuse(
-                        Kind::Rule,
-                        index,
-                        format!("/targets/{i}{}", e.pointer),
-                        here(&format!(
-                            "rule `{name}`, target `{target_name}`: {}",
-                            e.message
-                        )),
-                    )
-                })?;
+                crate::targets::validate(&self.config.target_policy(), target, &buses).map_err(
+                    |e| {
+                        refuse(
+                            Kind::Rule,
+                            index,
+                            format!("/targets/{i}{}", e.pointer),
+                            here(&format!(
+                                "rule `{name}`, target `{target_name}`: {}",
+                                e.message
+                            )),
+                        )
+                    },
+                )?;
             }
         }
         for (index, source) in after.sources.iter().enumerate() {
@@ -182,14 +184,16 @@ impl Admission {
             if !keys.contains(&key) || !changed(&key, &json(hook)) {
                 continue;
             }
-            crate::webhooks::check_secrets_here(hook, prefix).map_err(|(pointer, m)| {
-                refuse(
-                    Kind::Webhook,
-                    index,
-                    pointer,
-                    here(&format!("webhook `{}`: {m}", hook.name.get_ref())),
-                )
-            })?;
+            crate::ingress::webhooks::check::check_secrets_here(hook, prefix).map_err(
+                |(pointer, m)| {
+                    refuse(
+                        Kind::Webhook,
+                        index,
+                        pointer,
+                        here(&format!("webhook `{}`: {m}", hook.name.get_ref())),
+                    )
+                },
+            )?;
         }
         Ok(())
     }

@@ -24,312 +24,16 @@
 //! and the admin API refuses changes until a replica started anew seeds it again.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+pub use crate::config::{bus_key, rule_key, source_key, webhook_key};
 use crate::config::{Channels, Invalid, Kind};
-use crate::store::cluster::Cluster;
-use crate::store::redis::RedisCluster;
+pub use crate::store::catalog::{CatalogStore, Drift, FileCatalog, Head, Stored};
+pub use crate::store::redis::RedisCatalog;
 use crate::store::StoreError;
-
-/// The catalog as stored: its version and id, the TOML of its channels, each resource's
-/// version.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Stored {
-    pub version: u64,
-    /// Drawn at random by every write (0 in catalogs written before ids existed).
-    #[serde(default)]
-    pub id: u64,
-    #[serde(rename = "toml")]
-    pub text: String,
-    #[serde(default)]
-    pub versions: BTreeMap<String, u64>,
-}
-
-/// Which write of the catalog: its version and the id that write drew. Versions alone do
-/// not tell: a store restored from a backup numbers its next writes again from an older
-/// version.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Head {
-    pub version: u64,
-    pub id: u64,
-}
-
-/// How the stored catalog stands to the one a replica runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Drift {
-    /// The same write: nothing to do.
-    Same,
-    /// A newer version.
-    Ahead,
-    /// An older version: the store came back from a backup (or lost its latest writes).
-    Behind,
-    /// The same version, another write: written again after such a restore.
-    Replaced,
-}
-
-impl Head {
-    /// How `self` (stored) stands to `running`. Anything but `Same` is followed.
-    pub fn drift_from(self, running: Head) -> Drift {
-        if self == running {
-            Drift::Same
-        } else if self.version > running.version {
-            Drift::Ahead
-        } else if self.version < running.version {
-            Drift::Behind
-        } else {
-            Drift::Replaced
-        }
-    }
-}
-
-impl Stored {
-    pub fn head(&self) -> Head {
-        Head {
-            version: self.version,
-            id: self.id,
-        }
-    }
-}
-
-/// Where the catalog is kept.
-#[async_trait]
-pub trait CatalogStore: Send + Sync {
-    /// The stored catalog; `None` before anything was stored.
-    async fn load(&self) -> Result<Option<Stored>, StoreError>;
-    /// Only the version and id of the stored catalog: what replicas check on every tick,
-    /// without reading thousands of rules.
-    async fn head(&self) -> Result<Option<Head>, StoreError>;
-    /// Stores `next` if the stored catalog is still `expected`, version and id
-    /// (`Head::default()`: nothing stored): `Ok(())`, or `Err(the stored head)` when
-    /// another writer (or a restore) came first.
-    async fn store(
-        &self,
-        expected: Head,
-        next: Head,
-        text: &str,
-        versions: &BTreeMap<String, u64>,
-    ) -> Result<Result<(), Head>, StoreError>;
-    /// Moves whenever the catalog may have changed (and on other cluster notices).
-    fn changes(&self) -> watch::Receiver<u64>;
-}
-
-/// The catalog in Redis (distributed mode), announced on the cluster's notice channel.
-pub struct RedisCatalog {
-    cluster: Arc<RedisCluster>,
-}
-
-impl RedisCatalog {
-    pub fn new(cluster: Arc<RedisCluster>) -> RedisCatalog {
-        RedisCatalog { cluster }
-    }
-}
-
-#[async_trait]
-impl CatalogStore for RedisCatalog {
-    async fn load(&self) -> Result<Option<Stored>, StoreError> {
-        self.cluster.load_catalog().await
-    }
-
-    async fn head(&self) -> Result<Option<Head>, StoreError> {
-        self.cluster.catalog_head().await
-    }
-
-    async fn store(
-        &self,
-        expected: Head,
-        next: Head,
-        text: &str,
-        versions: &BTreeMap<String, u64>,
-    ) -> Result<Result<(), Head>, StoreError> {
-        let versions = serde_json::to_string(versions)
-            .map_err(|e| StoreError::Unavailable(format!("catalog versions: {e}")))?;
-        self.cluster
-            .store_catalog(expected, next, text, &versions)
-            .await
-    }
-
-    fn changes(&self) -> watch::Receiver<u64> {
-        self.cluster.notices()
-    }
-}
-
-/// The catalog in the data directory (standalone): `catalog.json`, replaced atomically
-/// (written aside, synced, renamed, directory synced).
-pub struct FileCatalog {
-    path: PathBuf,
-    write: tokio::sync::Mutex<()>,
-    changes: watch::Sender<u64>,
-    /// The head of the file as last read, by the file's inode, length and modification
-    /// time: `head` stats the file and reads it again only when one of them moved (every
-    /// write renames a new file in, so a write always moves the inode).
-    heads: Arc<HeadCache>,
-}
-
-type HeadCache = std::sync::Mutex<Option<(FileStamp, Option<Head>)>>;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileStamp {
-    inode: u64,
-    len: u64,
-    modified: Option<std::time::SystemTime>,
-}
-
-/// What `head` needs of `catalog.json` (the rest of the file is skipped, not kept).
-#[derive(Deserialize)]
-struct StoredHead {
-    version: u64,
-    #[serde(default)]
-    id: u64,
-}
-
-impl FileCatalog {
-    pub fn new(data_dir: &std::path::Path) -> FileCatalog {
-        FileCatalog {
-            path: data_dir.join("catalog.json"),
-            write: tokio::sync::Mutex::new(()),
-            changes: watch::Sender::new(0),
-            heads: Arc::new(std::sync::Mutex::new(None)),
-        }
-    }
-
-    fn read_head(path: &std::path::Path, heads: &HeadCache) -> Result<Option<Head>, StoreError> {
-        use std::os::unix::fs::MetadataExt as _;
-        let meta = match std::fs::metadata(path) {
-            Ok(meta) => meta,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(StoreError::io("cannot read catalog.json", &e)),
-        };
-        let stamp = FileStamp {
-            inode: meta.ino(),
-            len: meta.len(),
-            modified: meta.modified().ok(),
-        };
-        let mut cached = heads.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((at, head)) = *cached {
-            if at == stamp {
-                return Ok(head);
-            }
-        }
-        let head = match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice::<StoredHead>(&bytes)
-                .map(|h| {
-                    Some(Head {
-                        version: h.version,
-                        id: h.id,
-                    })
-                })
-                .map_err(|e| StoreError::Corrupt(format!("{}: {e}", path.display())))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(StoreError::io("cannot read catalog.json", &e)),
-        };
-        *cached = Some((stamp, head));
-        Ok(head)
-    }
-
-    fn read(path: &std::path::Path) -> Result<Option<Stored>, StoreError> {
-        match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| StoreError::Corrupt(format!("{}: {e}", path.display()))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(StoreError::io("cannot read catalog.json", &e)),
-        }
-    }
-
-    fn write(path: &std::path::Path, stored: &Stored) -> Result<(), StoreError> {
-        use std::io::Write as _;
-        let io = |what: &str, e: std::io::Error| StoreError::io(what, &e);
-        let bytes = serde_json::to_vec_pretty(stored)
-            .map_err(|e| StoreError::Unavailable(format!("catalog: {e}")))?;
-        let aside = path.with_extension("json.new");
-        // Owner only: the catalog says where events go and which variables hold secrets.
-        let mut file = crate::store::embedded::create_private(&aside)
-            .map_err(|e| io("cannot write catalog.json", e))?;
-        file.write_all(&bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| io("cannot write catalog.json", e))?;
-        std::fs::rename(&aside, path).map_err(|e| io("cannot replace catalog.json", e))?;
-        if let Some(dir) = path.parent() {
-            std::fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| io("cannot sync the data directory", e))?;
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl CatalogStore for FileCatalog {
-    async fn load(&self) -> Result<Option<Stored>, StoreError> {
-        let path = self.path.clone();
-        tokio::task::spawn_blocking(move || FileCatalog::read(&path))
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("catalog: {e}")))?
-    }
-
-    async fn head(&self) -> Result<Option<Head>, StoreError> {
-        let path = self.path.clone();
-        let heads = self.heads.clone();
-        tokio::task::spawn_blocking(move || FileCatalog::read_head(&path, &heads))
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("catalog: {e}")))?
-    }
-
-    async fn store(
-        &self,
-        expected: Head,
-        next: Head,
-        text: &str,
-        versions: &BTreeMap<String, u64>,
-    ) -> Result<Result<(), Head>, StoreError> {
-        let _writer = self.write.lock().await;
-        let current = self.load().await?.map_or(Head::default(), |s| s.head());
-        if current != expected {
-            return Ok(Err(current));
-        }
-        let stored = Stored {
-            version: next.version,
-            id: next.id,
-            text: text.to_string(),
-            versions: versions.clone(),
-        };
-        let path = self.path.clone();
-        tokio::task::spawn_blocking(move || FileCatalog::write(&path, &stored))
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("catalog: {e}")))??;
-        // Not left to the stamp alone: a freed inode may come back with the next write.
-        *self.heads.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        self.changes.send_modify(|n| *n += 1);
-        Ok(Ok(()))
-    }
-
-    fn changes(&self) -> watch::Receiver<u64> {
-        self.changes.subscribe()
-    }
-}
-
-/// The key of a resource in the version map (and in `ctl` output).
-pub fn bus_key(name: &str) -> String {
-    format!("bus/{name}")
-}
-
-pub fn rule_key(bus: &str, name: &str) -> String {
-    format!("rule/{bus}/{name}")
-}
-
-pub fn source_key(name: &str) -> String {
-    format!("source/{name}")
-}
-
-pub fn webhook_key(name: &str) -> String {
-    format!("webhook/{name}")
-}
 
 /// One version of the catalog, parsed.
 #[derive(Debug, Clone, Default)]
@@ -542,23 +246,21 @@ impl Catalog {
             let text = next
                 .to_toml()
                 .map_err(|e| ChangeError::Store(StoreError::Unavailable(e)))?;
-            let head = Head {
+            let stored = Stored {
                 version,
                 id: fastrand::u64(1..),
+                text,
+                versions,
             };
-            match self
-                .store
-                .store(current.head(), head, &text, &versions)
-                .await?
-            {
+            match self.store.store(current.head(), &stored).await? {
                 Ok(()) => {
                     self.saw(version);
                     return Ok(Changed {
                         snapshot: Snapshot {
                             version,
-                            id: head.id,
+                            id: stored.id,
                             channels: next,
-                            versions,
+                            versions: stored.versions,
                         },
                         value,
                         written: true,
@@ -655,6 +357,24 @@ mod tests {
         Channels::from_toml(text).unwrap()
     }
 
+    /// Makes the catalog hold the channels of `text`.
+    async fn put(
+        catalog: &Catalog,
+        text: &str,
+    ) -> Result<Changed<()>, ChangeError<std::convert::Infallible>> {
+        catalog.change(|_| Ok((Some(channels(text)), ()))).await
+    }
+
+    /// A catalog write of this version (and id), without resource versions.
+    fn written(version: u64, text: &str) -> Stored {
+        Stored {
+            version,
+            id: version,
+            text: text.to_string(),
+            versions: BTreeMap::new(),
+        }
+    }
+
     const ONE: &str = "[[buses]]\nname = \"a\"\n\n[[rules]]\nname = \"r\"\nbus = \"a\"\n[[rules.targets]]\ntype = \"log\"\nname = \"l\"\n";
 
     #[tokio::test]
@@ -667,38 +387,26 @@ mod tests {
         assert_eq!((v, differs), (1, true), "a seeded catalog is not replaced");
 
         let two = format!("{ONE}\n[[buses]]\nname = \"b\"\n");
-        let changed = catalog
-            .change(|_| Ok::<_, std::convert::Infallible>((Some(channels(&two)), ())))
-            .await
-            .unwrap();
+        let changed = put(&catalog, &two).await.unwrap();
         assert_eq!(changed.snapshot.version, 2);
         assert_eq!(changed.snapshot.version_of("bus/a"), 1);
         assert_eq!(changed.snapshot.version_of("rule/a/r"), 1);
         assert_eq!(changed.snapshot.version_of("bus/b"), 2);
 
         // The same catalog again: nothing written.
-        let same = catalog
-            .change(|_| Ok::<_, std::convert::Infallible>((Some(channels(&two)), ())))
-            .await
-            .unwrap();
+        let same = put(&catalog, &two).await.unwrap();
         assert!(!same.written);
         assert_eq!(catalog.version().await.unwrap(), 2);
 
         // A store that is not at the expected version refuses.
         let store = FileCatalog::new(dir.path());
         let stored = catalog.snapshot().await.unwrap().head();
-        let next = Head { version: 9, id: 9 };
         let stale = Head {
             version: 1,
             id: stored.id,
         };
-        assert_eq!(
-            store
-                .store(stale, next, "", &BTreeMap::new())
-                .await
-                .unwrap(),
-            Err(stored)
-        );
+        let next = written(9, "");
+        assert_eq!(store.store(stale, &next).await.unwrap(), Err(stored));
     }
 
     #[test]
@@ -736,11 +444,7 @@ mod tests {
         let mut text = String::from(ONE);
         for name in ["b", "c"] {
             text.push_str(&format!("\n[[buses]]\nname = \"{name}\"\n"));
-            let text = text.clone();
-            catalog
-                .change(move |_| Ok::<_, std::convert::Infallible>((Some(channels(&text)), ())))
-                .await
-                .unwrap();
+            put(&catalog, &text).await.unwrap();
         }
         let running = catalog.head().await.unwrap().unwrap();
         assert_eq!(running.version, 3);
@@ -751,38 +455,21 @@ mod tests {
         assert_eq!(stored.drift_from(running), Drift::Behind);
 
         // A writer that read before the restore: refused.
-        assert_eq!(
-            store
-                .store(running, Head { version: 4, id: 4 }, ONE, &BTreeMap::new())
-                .await
-                .unwrap(),
-            Err(stored)
-        );
+        let late = written(4, ONE);
+        assert_eq!(store.store(running, &late).await.unwrap(), Err(stored));
         // Written again up to version 3 by another process (which saw only the backup):
         // same version, another id; the old head still loses.
         let other = Catalog::new(Arc::new(FileCatalog::new(dir.path())));
         for name in ["x", "y"] {
             let text = format!("{ONE}\n[[buses]]\nname = \"{name}\"\n");
-            other
-                .change(move |_| Ok::<_, std::convert::Infallible>((Some(channels(&text)), ())))
-                .await
-                .unwrap();
+            put(&other, &text).await.unwrap();
         }
         let replaced = catalog.head().await.unwrap().unwrap();
         assert_eq!(replaced.version, 3);
         assert_eq!(replaced.drift_from(running), Drift::Replaced);
-        assert_eq!(
-            store
-                .store(running, Head { version: 4, id: 4 }, ONE, &BTreeMap::new())
-                .await
-                .unwrap(),
-            Err(replaced)
-        );
+        assert_eq!(store.store(running, &late).await.unwrap(), Err(replaced));
         // This process's next write goes past the highest version it has seen.
-        let changed = catalog
-            .change(|_| Ok::<_, std::convert::Infallible>((Some(channels(ONE)), ())))
-            .await
-            .unwrap();
+        let changed = put(&catalog, ONE).await.unwrap();
         assert_eq!(changed.snapshot.version, 4);
         assert_eq!(changed.snapshot.version_of("bus/a"), 1);
     }
@@ -796,10 +483,7 @@ mod tests {
         catalog.seed(&channels(ONE)).await.unwrap();
         std::fs::remove_file(dir.path().join("catalog.json")).unwrap();
         assert_eq!(catalog.head().await.unwrap(), None);
-        let err = catalog
-            .change(|_| Ok::<_, std::convert::Infallible>((Some(channels(ONE)), ())))
-            .await
-            .unwrap_err();
+        let err = put(&catalog, ONE).await.unwrap_err();
         assert!(
             matches!(err, ChangeError::Store(StoreError::Unavailable(_))),
             "{err}"
@@ -837,10 +521,7 @@ mod tests {
         let catalog = Catalog::new(Arc::new(FileCatalog::new(dir.path())));
         catalog.seed(&channels(ONE)).await.unwrap();
         let reshard = "[[buses]]\nname = \"a\"\nshards = 8\n";
-        let err = catalog
-            .change(|_| Ok::<_, std::convert::Infallible>((Some(channels(reshard)), ())))
-            .await
-            .unwrap_err();
+        let err = put(&catalog, reshard).await.unwrap_err();
         let ChangeError::Invalid(invalid) = err else {
             panic!("{err}")
         };
@@ -853,10 +534,7 @@ mod tests {
             "[[rules.targets]]",
             "pattern = { type = [{ nope = 1 }] }\n[[rules.targets]]",
         );
-        let err = catalog
-            .change(|_| Ok::<_, std::convert::Infallible>((Some(channels(&bad)), ())))
-            .await
-            .unwrap_err();
+        let err = put(&catalog, &bad).await.unwrap_err();
         let ChangeError::Invalid(invalid) = err else {
             panic!("{err}")
         };

@@ -228,7 +228,7 @@ fn resource_path(kind: &str, name: Option<&str>) -> anyhow::Result<String> {
 
 pub(crate) fn run(ctl: Ctl) -> anyhow::Result<()> {
     if let CtlCommand::HashToken { token } = &ctl.command {
-        println!("{}", sluice::api::hash_token(token));
+        println!("{}", sluice::admin::hash_token(token));
         return Ok(());
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -258,13 +258,8 @@ async fn run_async(ctl: Ctl) -> anyhow::Result<()> {
             dry_run,
         } => {
             let body = resources(&file)?;
-            let answer = client
-                .call(
-                    Method::POST,
-                    &format!("/api/v1/catalog/apply?prune={prune}&dry_run={dry_run}"),
-                    Some(&body),
-                )
-                .await?;
+            let path = format!("/api/v1/catalog/apply?prune={prune}&dry_run={dry_run}");
+            let answer = client.call(Method::POST, &path, Some(&body)).await?;
             for r in answer["resources"].as_array().into_iter().flatten() {
                 let result = r["result"].as_str().unwrap_or("?");
                 let result = if dry_run && result != "unchanged" {
@@ -342,13 +337,8 @@ async fn run_async(ctl: Ctl) -> anyhow::Result<()> {
             if let Some(t) = to {
                 body["to"] = time(&t);
             }
-            let started = client
-                .call(
-                    Method::POST,
-                    &format!("/api/v1/buses/{bus}/replays"),
-                    Some(&body),
-                )
-                .await?;
+            let path = format!("/api/v1/buses/{bus}/replays");
+            let started = client.call(Method::POST, &path, Some(&body)).await?;
             let id = started["id"].as_str().unwrap_or("").to_string();
             if !wait {
                 print(&started);
@@ -425,7 +415,7 @@ fn generated_token(server: &str, data_dir: Option<&Path>) -> Option<String> {
             PathBuf::from("./data")
         }
     };
-    let text = std::fs::read_to_string(dir.join(sluice::api::TOKEN_FILE)).ok()?;
+    let text = std::fs::read_to_string(dir.join(sluice::admin::TOKEN_FILE)).ok()?;
     Some(text.trim().to_string()).filter(|t| !t.is_empty())
 }
 

@@ -15,12 +15,12 @@ use cloudevents::event::Data;
 use cloudevents::{AttributesReader, Event};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::config::Limits;
+use crate::event::http::{self as cloudevent, ContentMode, Parsed};
 use crate::event::{self, EventError};
-use crate::ingress::cloudevent::{self, ContentMode, Parsed};
+use crate::ingress::limits::Limits;
 use crate::store::embedded::{encode_record, read_record, HEADER, MAX_RECORD};
 use crate::store::Record;
-use crate::targets::http::BodyMode;
+use crate::targets::config::BodyMode;
 use crate::targets::Envelope;
 
 const SHARDS: u32 = 4;
@@ -29,7 +29,7 @@ const MAX_BATCH: usize = 64;
 /// What ingress does with a parsed event before it answers: size limit, read-back check,
 /// shard. The stored form when it is accepted.
 fn accept(parsed: Result<Parsed, EventError>) -> Option<Bytes> {
-    crate::ingress::entry(parsed, SHARDS, &Limits::default())
+    crate::ingress::accept::entry(parsed, SHARDS, &Limits::default())
         .ok()
         .map(|(_, bytes, shard)| {
             assert!(shard < SHARDS, "shard {shard} out of range");
@@ -154,10 +154,7 @@ fn check_http(envelope: &Envelope, event: &Event) {
     for (name, value) in &request.headers {
         if name.as_str().starts_with("ce-") {
             assert!(
-                value
-                    .as_bytes()
-                    .iter()
-                    .all(|b| (0x21..0x7f).contains(b) && *b != b'"'),
+                plain_token(value.as_bytes()),
                 "{name}: {value:?} is not a plain token"
             );
         }
@@ -204,7 +201,7 @@ fn data_value(data: Option<&Data>) -> DataValue {
     }
 }
 
-fn rocketmq_config() -> Option<crate::targets::rocketmq::RocketMqConfig> {
+fn rocketmq_config() -> Option<crate::targets::config::RocketMqConfig> {
     toml::from_str(
         "name = \"mq\"\nname_server = \"127.0.0.1:9876\"\ntopic = \"T\"\ntag_attribute = \"type\"\n",
     )
@@ -217,12 +214,17 @@ fn rocketmq_source_config() -> Option<crate::sources::rocketmq::RocketMqSourceCo
 }
 
 /// Replaces a message's properties with what a broker and a consumer read back of them:
-/// the properties through the remoting format's property text.
-fn through_the_wire(message: &mut rocketmq_model::common::message::message_single::Message) {
+/// the properties through the remoting format's property text. Returns them as sent and
+/// as read back.
+fn through_the_wire(
+    message: &mut rocketmq_model::common::message::message_single::Message,
+) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let sent = string_map(message.properties().as_map());
     let text = rocketmq_model::codec::message_properties_to_string(message.properties().as_map());
     message.set_properties(rocketmq_model::codec::string_to_message_properties(Some(
         &text,
     )));
+    (sent, string_map(message.properties().as_map()))
 }
 
 /// Properties as plain strings, in order (to compare).
@@ -248,9 +250,7 @@ fn check_rocketmq(envelope: &Envelope, event: &Event) {
         Err(e) => panic!("RocketMQ cannot send an accepted event: {e}"),
     };
     let mut message = encoded.message;
-    let sent = string_map(message.properties().as_map());
-    through_the_wire(&mut message);
-    let received = string_map(message.properties().as_map());
+    let (sent, received) = through_the_wire(&mut message);
     assert_eq!(
         received, sent,
         "the properties do not survive the wire format"
@@ -562,13 +562,7 @@ pub fn header_encode(data: &[u8]) {
         Ok(v) => v,
         Err(_) => panic!("{encoded:?} is not a header value"),
     };
-    assert!(
-        value
-            .as_bytes()
-            .iter()
-            .all(|b| (0x21..0x7f).contains(b) && *b != b'"'),
-        "{encoded:?}"
-    );
+    assert!(plain_token(value.as_bytes()), "{encoded:?}");
     assert_eq!(
         event::percent_decode(value.as_bytes()).as_deref(),
         Some(&*text),
@@ -592,11 +586,14 @@ pub fn header_encode(data: &[u8]) {
     let Ok(mut message) = message else {
         panic!("a message with property text cannot be built");
     };
-    let sent = string_map(message.properties().as_map());
-    through_the_wire(&mut message);
-    let received = string_map(message.properties().as_map());
+    let (sent, received) = through_the_wire(&mut message);
     assert_eq!(
         received, sent,
         "property text does not survive the wire format"
     );
+}
+
+/// Printable ASCII without space or `"`: what an encoded `ce-*` header value may hold.
+fn plain_token(bytes: &[u8]) -> bool {
+    bytes.iter().all(|b| (0x21..0x7f).contains(b) && *b != b'"')
 }

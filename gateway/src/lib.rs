@@ -10,11 +10,10 @@
 
 pub mod admin;
 pub mod admission;
-pub mod api;
 pub mod app;
+pub mod bucket;
 pub mod catalog;
 pub mod config;
-pub mod console;
 pub mod event;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -27,8 +26,9 @@ pub mod replay;
 pub mod rules;
 pub mod runtime;
 pub mod scaling;
+pub mod secrets;
 pub mod server;
 pub mod sources;
 pub mod store;
 pub mod targets;
-pub mod webhooks;
+pub mod values;

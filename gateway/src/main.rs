@@ -167,7 +167,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .filter(|k| {
                     let key = k["SLUICE_".len()..].to_ascii_lowercase();
                     !matches!(key.as_str(), "config" | "admin_token" | "server")
-                        && !sluice::config::ENV_KEYS.contains(&key.as_str())
+                        && !sluice::values::ENV_KEYS.contains(&key.as_str())
                 })
                 .collect();
             for var in unknown {
@@ -182,7 +182,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 survive_file_size_limit();
                 #[cfg(feature = "otlp")]
                 let export = export.map(|exporter| {
-                    tracing::info!(endpoint = %sluice::config::redact_url(config.tracing.otlp_endpoint.as_deref().unwrap_or("")), "exporting spans over OTLP");
+                    tracing::info!(endpoint = %sluice::values::redact_url(config.tracing.otlp_endpoint.as_deref().unwrap_or("")), "exporting spans over OTLP");
                     let (stop, stopped) = tokio::sync::watch::channel(false);
                     (stop, tokio::spawn(exporter.run(stopped)))
                 });

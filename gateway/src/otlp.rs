@@ -28,6 +28,8 @@ use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
+use crate::event::http::parse_traceparent;
+
 /// Spans waiting for the exporter; more are dropped (and counted).
 const QUEUE: usize = 8192;
 /// Spans per export request.
@@ -51,37 +53,11 @@ pub fn dropped() -> u64 {
 type TraceId = [u8; 16];
 type SpanId = [u8; 8];
 
-/// A W3C `traceparent` (`00-{trace id}-{parent id}-{flags}`) as ids; `None` when it is not
-/// one (or its ids are all zero, which the specification calls invalid).
-pub fn parse_traceparent(value: &str) -> Option<(TraceId, SpanId)> {
-    parse_context(value).map(|(trace, span, _)| (trace, span))
-}
-
-/// A `traceparent`'s ids and its `sampled` flag.
+/// A `traceparent`'s ids and its `sampled` flag, read by the gateway's one parser
+/// (`event::http::parse_traceparent`: the W3C rules, lower-case hex only), so a trace
+/// context that ingress would not pass on is not continued here either.
 fn parse_context(value: &str) -> Option<(TraceId, SpanId, bool)> {
-    let mut parts = value.trim().split('-');
-    let (version, trace, span) = (parts.next()?, parts.next()?, parts.next()?);
-    let flags = u8::from_str_radix(parts.next()?.get(..2)?, 16).ok()?;
-    if version.len() != 2 || version == "ff" {
-        return None;
-    }
-    let trace: TraceId = hex_bytes(trace)?;
-    let span: SpanId = hex_bytes(span)?;
-    if trace == [0; 16] || span == [0; 8] {
-        return None;
-    }
-    Some((trace, span, flags & 1 == 1))
-}
-
-fn hex_bytes<const N: usize>(text: &str) -> Option<[u8; N]> {
-    if text.len() != N * 2 {
-        return None;
-    }
-    let mut out = [0u8; N];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(text.get(i * 2..i * 2 + 2)?, 16).ok()?;
-    }
-    Some(out)
+    parse_traceparent(value.trim()).map(|t| (t.trace_id, t.parent_id, t.sampled()))
 }
 
 fn hex_into(out: &mut Vec<u8>, bytes: &[u8]) {
@@ -312,6 +288,7 @@ where
 fn parse_links(text: &str) -> Vec<(TraceId, SpanId)> {
     text.split([' ', ','])
         .filter_map(parse_traceparent)
+        .map(|t| (t.trace_id, t.parent_id))
         .take(MAX_LINKS)
         .collect()
 }
@@ -411,7 +388,7 @@ impl Exporter {
                         // Said once, then every 60th failure: a collector that is down must
                         // not flood the log.
                         if failures % 60 == 1 {
-                            tracing::warn!(url = %crate::config::redact_url(&url), error = %e, spans = chunk.len(), "OTLP export failed; these spans are dropped");
+                            tracing::warn!(url = %crate::values::redact_url(&url), error = %e, spans = chunk.len(), "OTLP export failed; these spans are dropped");
                         }
                     }
                 }
@@ -533,10 +510,11 @@ mod tests {
 
     #[test]
     fn traceparents_are_read_as_the_w3c_format_says() {
-        let (t, s) =
-            parse_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").unwrap();
+        let (t, s, sampled) =
+            parse_context(" 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01 ").unwrap();
         assert_eq!(hex(&t), "0af7651916cd43dd8448eb211c80319c");
         assert_eq!(hex(&s), "b7ad6b7169203331");
+        assert!(sampled);
         for bad in [
             "",
             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
@@ -546,8 +524,36 @@ mod tests {
             "00-0af7651916cd43dd8448eb211c80319-cb7ad6b7169203331-01",
             "00-zzf7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         ] {
-            assert!(parse_traceparent(bad).is_none(), "{bad}");
+            assert!(parse_context(bad).is_none(), "{bad}");
         }
+    }
+
+    /// What ingress passes on (`valid_traceparent`) and what export continues are the same
+    /// set: upper-case hex, which the W3C specification tells receivers to ignore, is neither.
+    #[test]
+    fn export_and_ingress_agree_on_traceparents() {
+        for value in [
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00",
+            "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-later",
+            "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-x",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01x",
+            "zz-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ] {
+            assert_eq!(
+                parse_context(value).is_some(),
+                crate::event::http::valid_traceparent(value),
+                "{value}"
+            );
+        }
+        assert!(parse_context("00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01").is_none());
+        let links = parse_links(
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01,\
+             00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01 \
+             00-1af7651916cd43dd8448eb211c80319c-c7ad6b7169203331-01",
+        );
+        assert_eq!(links.len(), 2, "the upper-case one is not a link");
     }
 
     #[tokio::test]

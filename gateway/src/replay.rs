@@ -29,108 +29,13 @@ use cloudevents::event::ExtensionValue;
 use serde::{Deserialize, Serialize};
 
 use crate::runtime::{Plan, Subscription};
-use crate::store::redis::Redis;
+use crate::store::redis::{Redis, RedisReplayStatuses, ReplayPut};
+use crate::store::search::first_after;
 use crate::store::{BusLog, Seq, StoreError};
 use crate::targets::Envelope;
 
 /// The extension every replayed event carries: the replay's id.
 pub const REPLAY_EXTENSION: &str = "sluicereplay";
-
-/// The first seq in `[lo, hi)` whose record was accepted after `cutoff_ms` (`hi` if none):
-/// every record below it was accepted at or before the cutoff. Acceptance times grow along
-/// a shard; records stored without one count as old.
-pub async fn first_after(
-    log: &dyn BusLog,
-    shard: u32,
-    mut lo: Seq,
-    mut hi: Seq,
-    cutoff_ms: u64,
-) -> Result<Seq, StoreError> {
-    let end = hi;
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        let mut reader = log.reader(shard, mid).await?;
-        let record = reader.read(1).await?.into_iter().next();
-        match record {
-            // Trimmed up to `seq`: the record found stands for everything before it.
-            Some(r) if r.accepted_ms <= cutoff_ms => lo = r.seq.max(mid) + 1,
-            Some(_) => hi = mid,
-            None => hi = mid,
-        }
-    }
-    Ok(lo.min(end))
-}
-
-/// The passed records of a shard that a size retention keeps: the newest `max_bytes` of
-/// them. Each record is counted once, as it is passed, into chunks of about 1/64 of the
-/// bound; the boundary is the first chunk of the newest chunks that fit, so what is kept
-/// lies within one chunk below the bound. A window that has not yet counted everything up
-/// to the committed position (a new owner, a large backlog) only errs on keeping more.
-#[derive(Debug, Default)]
-pub struct SizeWindow {
-    /// Records below it are counted (`None`: not started; it starts at the log's start).
-    scanned: Option<Seq>,
-    /// First seq and bytes of each chunk, oldest first.
-    chunks: std::collections::VecDeque<(Seq, u64)>,
-    total: u64,
-}
-
-/// At most this much is read per shard per release round, so counting a large backlog
-/// never holds the worker loop long.
-const SIZE_SCAN_BUDGET: u64 = 256 * 1024 * 1024;
-
-impl SizeWindow {
-    /// Counts the records passed up to `upto` and returns the position below which
-    /// records may go (everything from it to `upto` fits in `max_bytes`).
-    pub async fn advance(
-        &mut self,
-        log: &dyn BusLog,
-        shard: u32,
-        upto: Seq,
-        max_bytes: u64,
-    ) -> Result<Seq, StoreError> {
-        if self.scanned.is_some_and(|scanned| upto < scanned) {
-            // Positions went back (a reset): count again.
-            *self = SizeWindow::default();
-        }
-        let mut scanned = match self.scanned {
-            Some(scanned) => scanned,
-            None => log.start(shard).await?.min(upto),
-        };
-        let chunk_limit = (max_bytes / 64).max(1);
-        let mut read = 0u64;
-        if scanned < upto {
-            let mut reader = log.reader(shard, scanned).await?;
-            'scan: while scanned < upto && read < SIZE_SCAN_BUDGET {
-                let records = reader.read(512).await?;
-                if records.is_empty() {
-                    break;
-                }
-                for record in records {
-                    if record.seq >= upto {
-                        break 'scan;
-                    }
-                    let size = record.payload.len() as u64;
-                    read += size;
-                    match self.chunks.back_mut() {
-                        Some(last) if last.1 + size <= chunk_limit => last.1 += size,
-                        _ => self.chunks.push_back((record.seq, size)),
-                    }
-                    self.total += size;
-                    scanned = record.seq + 1;
-                }
-            }
-        }
-        self.scanned = Some(scanned);
-        while self.total > max_bytes {
-            let Some((_, bytes)) = self.chunks.pop_front() else {
-                break;
-            };
-            self.total -= bytes;
-        }
-        Ok(self.chunks.front().map_or(scanned, |c| c.0))
-    }
-}
 
 /// What a replay re-delivers and how far it got.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -246,41 +151,16 @@ impl ReplayStore for LocalReplays {
     }
 }
 
-/// `{p}:replays`: a hash, replay id → status JSON.
+/// Replay statuses in the cluster's Redis (`store::redis::RedisReplayStatuses`: the hash
+/// `{p}:replays`, replay id → status JSON, and its conditional writes).
 pub struct RedisReplays {
-    redis: Redis,
-    put: redis::Script,
-    swap: redis::Script,
+    statuses: RedisReplayStatuses,
 }
-
-/// KEYS[1] the hash, ARGV: id, status JSON, worker. 1 recorded, 0 another worker's, 2 no
-/// longer running.
-const PUT: &str = r#"
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if cur then
-  local ok, s = pcall(cjson.decode, cur)
-  if ok and type(s) == 'table' then
-    if s.worker ~= ARGV[3] then return 0 end
-    if s.state ~= 'RUNNING' then return 2 end
-  end
-end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return 1
-"#;
-
-/// KEYS[1] the hash, ARGV: id, the status JSON expected, the new one.
-const SWAP: &str = r#"
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-return 1
-"#;
 
 impl RedisReplays {
     pub fn new(redis: Redis) -> RedisReplays {
         RedisReplays {
-            redis,
-            put: redis::Script::new(PUT),
-            swap: redis::Script::new(SWAP),
+            statuses: RedisReplayStatuses::new(redis),
         }
     }
 }
@@ -293,28 +173,19 @@ fn to_json(status: &ReplayStatus) -> Result<String, StoreError> {
 #[async_trait]
 impl ReplayStore for RedisReplays {
     async fn put(&self, status: &ReplayStatus) -> Result<Recorded, StoreError> {
-        let answer: i64 = self
-            .put
-            .key(self.redis.key(&["replays"]))
-            .arg(&status.id)
-            .arg(to_json(status)?)
-            .arg(&status.worker)
-            .invoke_async(&mut self.redis.connection())
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("redis write replay status: {e}")))?;
+        let answer = self
+            .statuses
+            .put(&status.id, &to_json(status)?, &status.worker)
+            .await?;
         Ok(match answer {
-            1 => Recorded::Kept,
-            0 => Recorded::Moved,
-            _ => Recorded::Ended,
+            ReplayPut::Kept => Recorded::Kept,
+            ReplayPut::Moved => Recorded::Moved,
+            ReplayPut::Ended => Recorded::Ended,
         })
     }
 
     async fn list(&self) -> Result<Vec<ReplayStatus>, StoreError> {
-        let all: Vec<String> = redis::cmd("HVALS")
-            .arg(self.redis.key(&["replays"]))
-            .query_async(&mut self.redis.connection())
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("redis read replay statuses: {e}")))?;
+        let all = self.statuses.list().await?;
         Ok(all
             .iter()
             .filter_map(|json| serde_json::from_str(json).ok())
@@ -324,16 +195,9 @@ impl ReplayStore for RedisReplays {
     async fn swap(&self, old: &ReplayStatus, new: &ReplayStatus) -> Result<bool, StoreError> {
         // The stored JSON is what `put` wrote: serde writes the same fields in the same
         // order, so the status read back and written again compares equal.
-        let answer: i64 = self
-            .swap
-            .key(self.redis.key(&["replays"]))
-            .arg(&old.id)
-            .arg(to_json(old)?)
-            .arg(to_json(new)?)
-            .invoke_async(&mut self.redis.connection())
+        self.statuses
+            .swap(&old.id, &to_json(old)?, &to_json(new)?)
             .await
-            .map_err(|e| StoreError::Unavailable(format!("redis swap replay status: {e}")))?;
-        Ok(answer == 1)
     }
 }
 
@@ -615,7 +479,7 @@ async fn replay_all(
 /// mode): one compare-and-set on each status, so one replica wins; the winner resumes it
 /// from the positions recorded per shard.
 pub async fn adopt_orphans(
-    state: Arc<crate::ingress::IngressState>,
+    adopter: Adopter,
     every: std::time::Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -626,25 +490,29 @@ pub async fn adopt_orphans(
             _ = tokio::time::sleep(wait) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        if let Err(e) = adopt_once(&state).await {
+        if let Err(e) = adopt_once(&adopter).await {
             tracing::debug!(error = %e, "cannot look for replays to take over");
         }
     }
 }
 
-async fn adopt_once(state: &Arc<crate::ingress::IngressState>) -> Result<(), StoreError> {
-    let (Some(plan), Some((_, admin))) = (state.plan(), state.admin()) else {
-        return Ok(());
-    };
-    let store = state
-        .replays
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+/// What taking over orphaned replays needs: where statuses are kept, the cancel switches
+/// of the replays running here, the cluster, the running plan and the batch size.
+pub struct Adopter {
+    pub store: Arc<dyn ReplayStore>,
+    pub cancels: Arc<Cancels>,
+    pub cluster: Arc<dyn crate::store::cluster::Cluster>,
+    pub plans: tokio::sync::watch::Receiver<Arc<Plan>>,
+    pub batch: usize,
+}
+
+async fn adopt_once(state: &Adopter) -> Result<(), StoreError> {
+    let plan = state.plans.borrow().clone();
+    let store = state.store.clone();
     let me = state.cluster.worker_id();
     let mine = |id: &str| {
         state
-            .replay_cancels
+            .cancels
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains_key(id)
@@ -696,13 +564,13 @@ async fn adopt_once(state: &Arc<crate::ingress::IngressState>) -> Result<(), Sto
             continue;
         }
         tracing::info!(replay = %new.id, from = %old.worker, "took over a replay whose worker left the cluster (or an earlier process with this worker id)");
-        let cancelled = register(&state.replay_cancels, &new.id);
+        let cancelled = register(&state.cancels, &new.id);
         tokio::spawn(run(
             subscriptions,
             log,
             new,
             store.clone(),
-            admin.replay_batch,
+            state.batch,
             cancelled,
         ));
     }
@@ -756,63 +624,6 @@ pub fn marked(sub: &Subscription, mut event: cloudevents::Event, id: &str) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Durability;
-    use crate::store::embedded::{DataDir, LogOptions};
-    use crate::store::ShardAppend;
-    use bytes::Bytes;
-
-    async fn log_with(
-        dir: &std::path::Path,
-        records: usize,
-        size: usize,
-    ) -> (DataDir, Arc<dyn BusLog>) {
-        let data = DataDir::open(dir).unwrap();
-        let options = LogOptions {
-            durability: Durability::Os,
-            // Small segments, so a release deletes some of them.
-            segment_bytes: 4096,
-            cache_bytes: 1024,
-        };
-        let log: Arc<dyn BusLog> = Arc::new(data.open_bus("b", 1, &options).unwrap());
-        // Ten records per append, so the log rolls segments as it goes.
-        for first in (0..records).step_by(10) {
-            let appends = vec![ShardAppend {
-                shard: 0,
-                records: (first..(first + 10).min(records))
-                    .map(|i| Bytes::from(format!("{i:0size$}")))
-                    .collect(),
-            }];
-            for r in log.append(appends).await {
-                r.unwrap();
-            }
-        }
-        (data, log)
-    }
-
-    #[tokio::test]
-    async fn a_size_window_keeps_the_newest_bytes_of_what_was_passed() {
-        let dir = tempfile::tempdir().unwrap();
-        let (_data, log) = log_with(dir.path(), 1000, 100).await;
-        let mut window = SizeWindow::default();
-        // Nothing passed yet: nothing may go.
-        assert_eq!(window.advance(log.as_ref(), 0, 0, 10_000).await.unwrap(), 0);
-        // 500 records of 100 bytes passed, 10,000 bytes kept: the newest 100 records (to
-        // within one chunk of 10,000 / 64 bytes, i.e. one record).
-        let boundary = window.advance(log.as_ref(), 0, 500, 10_000).await.unwrap();
-        assert!((400..=401).contains(&boundary), "{boundary}");
-        // Counting goes on from where it was; the bound holds as more is passed.
-        let boundary = window.advance(log.as_ref(), 0, 1000, 10_000).await.unwrap();
-        assert!((900..=901).contains(&boundary), "{boundary}");
-        log.release(0, boundary).await.unwrap();
-        assert!(log.start(0).await.unwrap() > 0, "old segments were deleted");
-        // A new owner counts from the log's start without going below what it holds.
-        let mut fresh = SizeWindow::default();
-        let again = fresh.advance(log.as_ref(), 0, 1000, 10_000).await.unwrap();
-        assert!((900..=901).contains(&again), "{again}");
-        // A bound smaller than one record keeps nothing.
-        let mut tiny = SizeWindow::default();
-        assert_eq!(tiny.advance(log.as_ref(), 0, 1000, 50).await.unwrap(), 1000);
-    }
 
     #[tokio::test]
     async fn replay_statuses_have_one_writer_at_a_time() {

@@ -48,10 +48,7 @@ impl Filter {
             let json =
                 serde_json::to_value(table).map_err(|e| ("/pattern".to_string(), e.to_string()))?;
             if let Err(e) = Pattern::compile(&json) {
-                return Err((
-                    format!("/pattern{}", path_to_pointer(&e.path)),
-                    format!("pattern: {e}"),
-                ));
+                return Err((format!("/pattern{}", e.pointer), format!("pattern: {e}")));
             }
         }
         let at = if filter.is_some() {
@@ -153,31 +150,5 @@ mod tests {
         let bad: toml::Value =
             toml::from_str::<toml::Table>("t = { form = \"NOPE\" }").unwrap()["t"].clone();
         assert!(compile_transform(&bad).is_err());
-    }
-}
-
-/// `$.data.price[0].numeric` → `/data/price/0/numeric` (RFC 6901 escapes).
-pub fn path_to_pointer(path: &str) -> String {
-    let mut pointer = String::new();
-    let rest = path.strip_prefix('$').unwrap_or(path);
-    for part in rest.split(['.', '[']).filter(|p| !p.is_empty()) {
-        let part = part.strip_suffix(']').unwrap_or(part);
-        let part = part.trim_matches(|c| c == '\'' || c == '"');
-        pointer.push('/');
-        pointer.push_str(&part.replace('~', "~0").replace('/', "~1"));
-    }
-    pointer
-}
-
-#[cfg(test)]
-mod pointer_tests {
-    #[test]
-    fn json_paths_become_pointers() {
-        assert_eq!(super::path_to_pointer("$"), "");
-        assert_eq!(
-            super::path_to_pointer("$.data.price[0].numeric[1]"),
-            "/data/price/0/numeric/1"
-        );
-        assert_eq!(super::path_to_pointer("$.a/b"), "/a~1b");
     }
 }

@@ -23,9 +23,10 @@ use axum::{Json, Router};
 use serde_json::json;
 use tokio::sync::watch;
 
-use crate::ingress::IngressState;
 use crate::problem::Problem;
+use crate::store::cluster::Cluster;
 use crate::store::StoreError;
+use crate::store::{BusLog, PositionStore};
 
 /// How often each replica samples the backlog.
 const SAMPLE_EVERY: Duration = Duration::from_secs(5);
@@ -181,10 +182,19 @@ struct Snapshot {
 }
 
 /// The cluster's backlog now, read from the stores.
-async fn snapshot(state: &IngressState) -> Result<Snapshot, StoreError> {
-    let positions = state
-        .positions()
-        .ok_or_else(|| StoreError::Unavailable("the runtime is not started yet".to_string()))?;
+/// What the scaling signal reads of a running gateway (the admin state has it all).
+pub trait Observed: Send + Sync + 'static {
+    /// The samples taken and the reading served last.
+    fn history(&self) -> &History;
+    fn positions(&self) -> &Arc<dyn PositionStore>;
+    fn buses(&self) -> Arc<std::collections::HashMap<String, Arc<dyn BusLog>>>;
+    /// The connectors of the running plan and their number of tasks.
+    fn connectors(&self) -> Arc<std::collections::HashMap<String, u32>>;
+    fn cluster(&self) -> &Arc<dyn Cluster>;
+}
+
+async fn snapshot(state: &impl Observed) -> Result<Snapshot, StoreError> {
+    let positions = state.positions();
     let buses = state.buses();
     let connectors = state.connectors();
     let mut lag = 0u64;
@@ -241,7 +251,7 @@ async fn snapshot(state: &IngressState) -> Result<Snapshot, StoreError> {
 }
 
 /// Samples the backlog until `stop`.
-pub async fn sample(state: Arc<IngressState>, mut stop: watch::Receiver<bool>) {
+pub async fn sample(state: Arc<impl Observed>, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -249,11 +259,11 @@ pub async fn sample(state: Arc<IngressState>, mut stop: watch::Receiver<bool>) {
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        if !state.scaling.wanted() {
+        if !state.history().wanted() {
             continue;
         }
-        match snapshot(&state).await {
-            Ok(s) => state.scaling.push(Sample {
+        match snapshot(state.as_ref()).await {
+            Ok(s) => state.history().push(Sample {
                 at: Instant::now(),
                 lag: s.lag,
                 progress: s.progress,
@@ -305,7 +315,7 @@ fn parse_query(query: Option<&str>) -> Result<(u64, Option<u64>), (String, Strin
 /// The router of `GET /api/v1/scaling` (open like `/metrics`) within `[limits]`: at most
 /// `max_concurrent_requests` at once (more are shed with 503) and each within
 /// `request_timeout`.
-pub fn within_limits(router: Router, limits: &crate::config::Limits) -> Router {
+pub fn within_limits(router: Router, limits: &crate::ingress::limits::Limits) -> Router {
     router.layer(
         tower::ServiceBuilder::new()
             .layer(HandleErrorLayer::new(|e: tower::BoxError| async move {
@@ -324,20 +334,20 @@ pub fn within_limits(router: Router, limits: &crate::config::Limits) -> Router {
 }
 
 /// `GET /api/v1/scaling[?target_lag=N&max_replicas=M]`.
-pub async fn handler(
-    State(state): State<Arc<IngressState>>,
+pub async fn handler<S: Observed>(
+    State(state): State<Arc<S>>,
     RawQuery(query): RawQuery,
 ) -> Response {
     let (target_lag, max_replicas) = match parse_query(query.as_deref()) {
         Ok(q) => q,
         Err((field, detail)) => return Problem::bad_request(field, detail).into_response(),
     };
-    state.scaling.asked_now();
+    state.history().asked_now();
     let reading = state
-        .scaling
+        .history()
         .reading(|| async {
-            let snap = snapshot(&state).await?;
-            let replicas = state.cluster.members().await?.len() as u64;
+            let snap = snapshot(state.as_ref()).await?;
+            let replicas = state.cluster().members().await?.len() as u64;
             Ok(Reading {
                 at: Instant::now(),
                 snap,
@@ -350,7 +360,7 @@ pub async fn handler(
         Err(e) => return Problem::unavailable(e.to_string(), 2).into_response(),
     };
     let (now, snap, replicas) = (reading.at, &reading.snap, reading.replicas);
-    let (trend, rate, window) = match state.scaling.baseline(now) {
+    let (trend, rate, window) = match state.history().baseline(now) {
         Some(base) if now.duration_since(base.at) >= SAMPLE_EVERY => {
             let secs = now.duration_since(base.at).as_secs_f64();
             (

@@ -11,7 +11,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
-use crate::config::Limits;
+use crate::ingress::limits::Limits;
 
 /// How long in-flight requests get to finish after shutdown starts.
 const DRAIN: Duration = Duration::from_secs(30);
@@ -59,7 +59,7 @@ pub async fn serve(
                         .map_request(move |mut request: http::Request<hyper::body::Incoming>| {
                             request.extensions_mut().insert(axum::extract::ConnectInfo(peer));
                             if let Some(local) = local {
-                                request.extensions_mut().insert(crate::api::LocalAddr(local));
+                                request.extensions_mut().insert(crate::admin::LocalAddr(local));
                             }
                             request
                         })

@@ -177,54 +177,24 @@ fn run(crate_dir: &str, target: &str, body: fn(&[u8])) {
     }
 }
 
-#[test]
-fn fuzz_ce_structured() {
-    run(".", "ce_structured", sluice::fuzzing::ce_structured);
+/// One test per fuzz target: the directory of its crate, and the target, which names both
+/// its corpus and its function in that crate's `fuzzing` module.
+macro_rules! fuzz_tests {
+    ($($test:ident: $dir:literal, $krate:ident::$target:ident;)*) => {$(
+        #[test]
+        fn $test() {
+            run($dir, stringify!($target), $krate::fuzzing::$target);
+        }
+    )*};
 }
 
-#[test]
-fn fuzz_ce_batch() {
-    run(".", "ce_batch", sluice::fuzzing::ce_batch);
-}
-
-#[test]
-fn fuzz_ce_binary() {
-    run(".", "ce_binary", sluice::fuzzing::ce_binary);
-}
-
-#[test]
-fn fuzz_record_decode() {
-    run(".", "record_decode", sluice::fuzzing::record_decode);
-}
-
-#[test]
-fn fuzz_header_encode() {
-    run(".", "header_encode", sluice::fuzzing::header_encode);
-}
-
-#[test]
-fn fuzz_pattern_compile() {
-    run(
-        "../functions",
-        "pattern_compile",
-        sluice_functions::fuzzing::pattern_compile,
-    );
-}
-
-#[test]
-fn fuzz_cesql_parse() {
-    run(
-        "../functions",
-        "cesql_parse",
-        sluice_functions::fuzzing::cesql_parse,
-    );
-}
-
-#[test]
-fn fuzz_template() {
-    run(
-        "../functions",
-        "template",
-        sluice_functions::fuzzing::template,
-    );
+fuzz_tests! {
+    fuzz_ce_structured: ".", sluice::ce_structured;
+    fuzz_ce_batch: ".", sluice::ce_batch;
+    fuzz_ce_binary: ".", sluice::ce_binary;
+    fuzz_record_decode: ".", sluice::record_decode;
+    fuzz_header_encode: ".", sluice::header_encode;
+    fuzz_pattern_compile: "../functions", sluice_functions::pattern_compile;
+    fuzz_cesql_parse: "../functions", sluice_functions::cesql_parse;
+    fuzz_template: "../functions", sluice_functions::template;
 }

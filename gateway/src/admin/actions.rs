@@ -11,11 +11,11 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::ingress::IngressState;
+use crate::admin::state::AdminState;
 use crate::problem::Problem;
 use crate::store::cluster::task_id;
 
-pub fn routes() -> Router<Arc<IngressState>> {
+pub fn routes() -> Router<Arc<AdminState>> {
     Router::new()
         .route("/admin/cluster", get(cluster))
         .route(
@@ -33,7 +33,7 @@ pub fn routes() -> Router<Arc<IngressState>> {
         )
 }
 
-async fn cluster(State(state): State<Arc<IngressState>>) -> Response {
+pub(super) async fn cluster(State(state): State<Arc<AdminState>>) -> Response {
     let members = state.cluster.members().await;
     let statuses = state.cluster.statuses().await;
     match (members, statuses) {
@@ -51,14 +51,14 @@ async fn cluster(State(state): State<Arc<IngressState>>) -> Response {
 }
 
 pub(crate) async fn connector_action(
-    State(state): State<Arc<IngressState>>,
+    State(state): State<Arc<AdminState>>,
     Path((bus, rule, target, action)): Path<(String, String, String, String)>,
 ) -> Response {
     act(&state, &format!("{bus}/{rule}/{target}"), None, &action).await
 }
 
 pub(crate) async fn task_action(
-    State(state): State<Arc<IngressState>>,
+    State(state): State<Arc<AdminState>>,
     Path((bus, rule, target, shard, action)): Path<(String, String, String, u32, String)>,
 ) -> Response {
     act(
@@ -71,14 +71,14 @@ pub(crate) async fn task_action(
 }
 
 pub(crate) async fn source_action(
-    State(state): State<Arc<IngressState>>,
+    State(state): State<Arc<AdminState>>,
     Path((name, action)): Path<(String, String)>,
 ) -> Response {
     act(&state, &format!("source/{name}"), None, &action).await
 }
 
 pub(crate) async fn source_task_action(
-    State(state): State<Arc<IngressState>>,
+    State(state): State<Arc<AdminState>>,
     Path((name, index, action)): Path<(String, u32, String)>,
 ) -> Response {
     act(&state, &format!("source/{name}"), Some(index), &action).await
@@ -88,7 +88,7 @@ pub(crate) async fn source_task_action(
 /// running configuration's connectors and tasks are known: anything else is 404, so a
 /// typo is not silently remembered as a control entry for nothing.
 pub(crate) async fn act(
-    state: &IngressState,
+    state: &AdminState,
     connector: &str,
     task: Option<u32>,
     action: &str,

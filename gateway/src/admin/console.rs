@@ -38,7 +38,7 @@ macro_rules! asset {
         Asset {
             path: $path,
             content_type: $content_type,
-            body: include_str!(concat!("../console/", $path)),
+            body: include_str!(concat!("../../console/", $path)),
         }
     };
 }

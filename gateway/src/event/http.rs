@@ -3,7 +3,7 @@
 //!
 //! The checks are ours rather than the SDK's so each error says which attribute is wrong and
 //! why; the result is always an SDK `Event`, and the stored form is the SDK's structured JSON
-//! (`crate::event`).
+//! (`crate::event::stored`).
 
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
@@ -12,7 +12,7 @@ use cloudevents::{Event, EventBuilder, EventBuilderV10};
 use http::HeaderMap;
 use serde_json::{Map, Value};
 
-use crate::event::{
+use crate::event::stored::{
     append_binary_data, decoder_reads_json, encode, is_json, percent_decode, EventError,
 };
 
@@ -120,25 +120,71 @@ impl Parsed {
 /// The stored form is written directly: the SDK serialises the attributes, the body is
 /// appended as `data` (JSON, checked but not rebuilt), as a JSON string (text) or as
 /// `data_base64`. It decodes to the same event the SDK would build from the request.
-/// Whether `value` is a W3C `traceparent` this gateway can pass on: version `00` (or a
-/// later version with the same first four fields), a trace id and a parent id that are not
-/// all zeros, lower-case hex.
+/// A W3C `traceparent`'s fields (Trace Context §3.2: `{version}-{trace-id}-{parent-id}-{flags}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceParent {
+    pub trace_id: [u8; 16],
+    pub parent_id: [u8; 8],
+    pub flags: u8,
+}
+
+impl TraceParent {
+    /// The `sampled` flag.
+    pub fn sampled(&self) -> bool {
+        self.flags & 1 == 1
+    }
+}
+
+/// Reads a W3C `traceparent` as the Trace Context specification says a receiver must, or
+/// `None` when it is to be ignored. The one parser of the gateway: ingress checks the
+/// trace context it passes on with it, and span export (`otlp`) reads the ids with it.
+///
+/// - Every field is lower-case hex (`HEXDIGLC`): "vendors MUST ignore the traceparent
+///   when the parent-id is invalid (for example, if it contains non-lowercase hex
+///   characters)", and likewise for the trace id. Upper case is refused.
+/// - Version `ff` is invalid. Version `00` has exactly the four fields; a later version
+///   may add fields after another `-`, and is read by its first four.
+/// - A trace id or parent id of all zeros is invalid.
+pub fn parse_traceparent(value: &str) -> Option<TraceParent> {
+    let mut fields = value.split('-');
+    let [version] = lower_hex::<1>(fields.next()?)?;
+    let trace_id = lower_hex::<16>(fields.next()?)?;
+    let parent_id = lower_hex::<8>(fields.next()?)?;
+    let [flags] = lower_hex::<1>(fields.next()?)?;
+    let valid = version != 0xff
+        && (version != 0 || fields.next().is_none())
+        && trace_id != [0; 16]
+        && parent_id != [0; 8];
+    valid.then_some(TraceParent {
+        trace_id,
+        parent_id,
+        flags,
+    })
+}
+
+/// Whether `value` is a W3C `traceparent` this gateway can pass on (`parse_traceparent`).
 pub fn valid_traceparent(value: &str) -> bool {
-    let parts: Vec<&str> = value.split('-').collect();
-    let hex = |s: &str, len: usize| {
-        s.len() == len
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    parts.len() >= 4
-        && hex(parts[0], 2)
-        && parts[0] != "ff"
-        && (parts[0] != "00" || parts.len() == 4)
-        && hex(parts[1], 32)
-        && parts[1].bytes().any(|b| b != b'0')
-        && hex(parts[2], 16)
-        && parts[2].bytes().any(|b| b != b'0')
-        && hex(parts[3], 2)
+    parse_traceparent(value).is_some()
+}
+
+/// `N` bytes written as exactly `2 * N` lower-case hex digits.
+fn lower_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    fn digit(b: u8) -> Option<u8> {
+        match b {
+            b'0'..=b'9' => Some(b - b'0'),
+            b'a'..=b'f' => Some(b - b'a' + 10),
+            _ => None,
+        }
+    }
+    let text = text.as_bytes();
+    if text.len() != 2 * N {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (byte, pair) in out.iter_mut().zip(text.chunks_exact(2)) {
+        *byte = (digit(pair[0])? << 4) | digit(pair[1])?;
+    }
+    Some(out)
 }
 
 /// The CloudEvents distributed-tracing extension from the request's W3C trace context
@@ -605,8 +651,42 @@ mod tests {
         }
     }
 
+    #[test]
+    fn traceparent_fields_are_read_in_lower_case_hex_only() {
+        let parsed = parse_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-09");
+        assert_eq!(
+            parsed,
+            Some(TraceParent {
+                trace_id: 0x0af7651916cd43dd8448eb211c80319c_u128.to_be_bytes(),
+                parent_id: 0xb7ad6b7169203331_u64.to_be_bytes(),
+                flags: 9,
+            })
+        );
+        assert!(parsed.is_some_and(|p| p.sampled()));
+        let unsampled =
+            parse_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00");
+        assert!(unsampled.is_some_and(|p| !p.sampled()));
+        for bad in [
+            "",
+            // Upper case anywhere: the specification's receivers ignore it.
+            "00-0af7651916cd43dd8448eb211c80319C-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-B7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0A",
+            "0A-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            // Not hex, or not two digits: version, flags.
+            "zz-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-+1",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-011",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-",
+            " 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ] {
+            assert_eq!(parse_traceparent(bad), None, "{bad}");
+        }
+    }
+
     use super::*;
-    use crate::event::{check_stored, decode, partition_key, ErrorKind};
+    use crate::event::stored::{check_stored, decode, partition_key, ErrorKind};
     use cloudevents::AttributesReader;
     use http::HeaderValue;
 

@@ -8,9 +8,12 @@
 //! keeps the bytes, and the runtime, targets, sources and replays read them back. It imports
 //! nothing of the gateway.
 
+use std::borrow::Cow;
+
 use base64::Engine as _;
 use cloudevents::event::ExtensionValue;
 use cloudevents::{AttributesReader, Event};
+use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 use serde_json::Value;
 
 /// Why an event (or a whole request) was refused. `field` names the attribute, header or limit.
@@ -181,7 +184,7 @@ pub fn is_json(essence: &str) -> bool {
 
 /// Appends the body as the `data` member of an encoded event (which ends in `}`). Returns
 /// whether the result is known to read back without decoding it
-/// (`ingress::cloudevent::Parsed::reads_back`). `content_type` is the essence and whether
+/// (`event::http::Parsed::reads_back`). `content_type` is the essence and whether
 /// the decoder reads JSON data under the full value: JSON data is stored as JSON only when
 /// both agree it is JSON (else the decoder would refuse the stored event); text only when
 /// the decoder reads it as a string.
@@ -246,38 +249,36 @@ pub(crate) fn append_binary_data(
     Ok(reads_back)
 }
 
-/// Header values of binary mode are percent-encoded UTF-8 (HTTP binding §3.1.3.2).
+/// What binary mode percent-encodes in a header value (HTTP binding §3.1.3.2): space, `"`,
+/// `%` and the other non-printable ASCII bytes; `percent-encoding` always encodes non-ASCII
+/// (as the bytes of its UTF-8), upper-case hex.
+const HEADER_ENCODED: &AsciiSet = &CONTROLS.add(b' ').add(b'"').add(b'%');
+
+/// Header values of binary mode are percent-encoded UTF-8 (HTTP binding §3.1.3.2). A `%`
+/// that does not start an escape (two hex digits) is refused, not read as text.
 pub(crate) fn percent_decode(raw: &[u8]) -> Option<String> {
     if !raw.contains(&b'%') {
         return String::from_utf8(raw.to_vec()).ok();
     }
-    let mut out = Vec::with_capacity(raw.len());
-    let mut i = 0;
-    while i < raw.len() {
-        if raw[i] == b'%' {
-            let hex = raw.get(i + 1..i + 3)?;
-            let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(raw[i]);
-            i += 1;
-        }
+    // `percent-encoding` passes a malformed escape through as text: refuse it first.
+    let escapes_ok = raw.split(|b| *b == b'%').skip(1).all(|after| {
+        after
+            .get(..2)
+            .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !escapes_ok {
+        return None;
     }
-    String::from_utf8(out).ok()
+    percent_encoding::percent_decode(raw)
+        .decode_utf8()
+        .ok()
+        .map(Cow::into_owned)
 }
 
-/// Percent-encodes a binary-mode header value (space, `"`, `%` and non-printable ASCII).
+/// Percent-encodes a binary-mode header value (space, `"`, `%`, non-printable ASCII and
+/// non-ASCII).
 pub(crate) fn header_text(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for b in value.bytes() {
-        if (0x21..=0x7e).contains(&b) && b != b'"' && b != b'%' {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(value, HEADER_ENCODED).to_string()
 }
 
 #[cfg(test)]
@@ -308,5 +309,32 @@ mod tests {
         assert_eq!(percent_decode(b"a%20b").as_deref(), Some("a b"));
         assert_eq!(percent_decode(b"a%2"), None);
         assert_eq!(percent_decode(b"%FF"), None);
+        assert_eq!(percent_decode(b"%+1"), None);
+        assert_eq!(percent_decode(b"100%"), None);
+        assert_eq!(percent_decode(b"%%41"), None);
+        assert_eq!(percent_decode(b"caf%C3%a9").as_deref(), Some("caf\u{e9}"));
+        assert_eq!(percent_decode(b"plain").as_deref(), Some("plain"));
+    }
+
+    /// The encoding binary mode pins (HTTP binding §3.1.3.2): printable ASCII but space,
+    /// `"` and `%` as is, the rest as `%XX` of its UTF-8 bytes, upper-case hex.
+    #[test]
+    fn header_text_encodes_what_binary_mode_asks() {
+        assert_eq!(
+            header_text("a-b_c.~!#$&'()*+,/:;<=>?@[\\]^`{|}"),
+            "a-b_c.~!#$&'()*+,/:;<=>?@[\\]^`{|}"
+        );
+        assert_eq!(header_text("a b\"c%d"), "a%20b%22c%25d");
+        assert_eq!(header_text("\u{0}\u{1f}\u{7f}"), "%00%1F%7F");
+        assert_eq!(
+            header_text("Z\u{fc}rich \u{20ac}"),
+            "Z%C3%BCrich%20%E2%82%AC"
+        );
+        for text in ["", "a b", "100%", "caf\u{e9}\u{0}\"x\"", "\u{1f600}"] {
+            assert_eq!(
+                percent_decode(header_text(text).as_bytes()).as_deref(),
+                Some(text)
+            );
+        }
     }
 }

@@ -112,7 +112,7 @@ impl AuthConfig {
         for (i, key) in self.keys.iter().enumerate() {
             let field = format!("auth.keys[{i}]");
             if let Some(var) = key.strip_prefix("env:") {
-                crate::targets::check_exposed(var, secret_prefix)
+                crate::secrets::check_exposed(var, secret_prefix)
                     .map_err(|m| format!("{field}: {m}"))?;
                 let value = std::env::var(var)
                     .map_err(|_| format!("{field}: environment variable {var} is not set"))?;
@@ -158,7 +158,7 @@ pub fn check_key_ref(key: &str, secret_prefix: &str) -> Result<(), String> {
     if key.starts_with("sha256:") {
         return Ok(());
     }
-    crate::targets::check_secret_ref(key, secret_prefix).map_err(|m| {
+    crate::secrets::check_secret_ref(key, secret_prefix).map_err(|m| {
         m.replacen(
             "the catalog never holds a secret",
             "the catalog never holds a key in clear (a `sha256:` digest is fine: `sluice ctl hash-token KEY` prints one)",

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::bucket::TokenBucket;
 use crate::store::StoreError;
 
 /// `rate_limit = { per_second = 100, burst = 200 }`.
@@ -51,20 +52,10 @@ pub trait Limiter: Send + Sync {
     ) -> Result<Option<Duration>, StoreError>;
 }
 
-/// What is left after taking one token from a bucket holding `tokens` (`None`: refused,
-/// with the wait for the next one).
-fn take_one(tokens: f64, limit: &RateLimitConfig) -> Result<f64, Duration> {
-    if tokens >= 1.0 {
-        Ok(tokens - 1.0)
-    } else {
-        Err(Duration::from_secs_f64((1.0 - tokens) / limit.per_second))
-    }
-}
-
 /// The buckets of one process (standalone).
 #[derive(Default)]
 pub struct LocalLimiter {
-    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+    buckets: Mutex<HashMap<String, TokenBucket>>,
 }
 
 #[async_trait]
@@ -77,52 +68,23 @@ impl Limiter for LocalLimiter {
         let now = Instant::now();
         let burst = limit.burst();
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        let (tokens, at) = buckets.entry(scope.to_string()).or_insert((burst, now));
-        let refilled =
-            (*tokens + now.duration_since(*at).as_secs_f64() * limit.per_second).min(burst);
-        *at = now;
-        match take_one(refilled, limit) {
-            Ok(left) => {
-                *tokens = left;
-                Ok(None)
-            }
-            Err(wait) => {
-                *tokens = refilled;
-                Ok(Some(wait))
-            }
-        }
+        let bucket = buckets
+            .entry(scope.to_string())
+            .or_insert_with(|| TokenBucket::full(burst, now));
+        Ok(bucket.take(now, limit.per_second, burst).err())
     }
 }
 
-/// Token bucket in a hash {tokens, at_us}, refilled on Redis's own clock. Returns the
-/// microseconds to wait (0: allowed).
-const TAKE: &str = r"
-local rate = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local b = redis.call('HMGET', KEYS[1], 'tokens', 'at')
-local tokens = tonumber(b[1]) or burst
-local at = tonumber(b[2]) or now
-tokens = math.min(burst, tokens + math.max(0, now - at) * rate / 1000000)
-local wait = 0
-if tokens >= 1 then tokens = tokens - 1 else wait = math.ceil((1 - tokens) * 1000000 / rate) end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
-redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
-return wait
-";
-
-/// The buckets of a cluster, in Redis.
+/// The buckets of a cluster, in Redis (`store::redis::RedisBuckets`: one atomic script per
+/// request, on Redis's clock).
 pub struct RedisLimiter {
-    redis: crate::store::redis::Redis,
-    script: redis::Script,
+    buckets: crate::store::redis::RedisBuckets,
 }
 
 impl RedisLimiter {
     pub fn new(redis: crate::store::redis::Redis) -> RedisLimiter {
         RedisLimiter {
-            redis,
-            script: redis::Script::new(TAKE),
+            buckets: crate::store::redis::RedisBuckets::new(redis),
         }
     }
 }
@@ -134,15 +96,9 @@ impl Limiter for RedisLimiter {
         scope: &str,
         limit: &RateLimitConfig,
     ) -> Result<Option<Duration>, StoreError> {
-        let wait: u64 = self
-            .script
-            .key(self.redis.key(&["rate", scope]))
-            .arg(limit.per_second)
-            .arg(limit.burst())
-            .invoke_async(&mut self.redis.connection())
+        self.buckets
+            .take(scope, limit.per_second, limit.burst())
             .await
-            .map_err(|e| StoreError::Unavailable(format!("redis rate limit: {e}")))?;
-        Ok((wait > 0).then(|| Duration::from_micros(wait)))
     }
 }
 

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::cloudevent::Parsed;
+use crate::event::http::Parsed;
 use crate::event::EventError;
 
 #[derive(Debug, Clone, Deserialize)]

@@ -10,93 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cloudevents::event::ExtensionValue;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
-use crate::config::{DeliveryConfig, TargetConfig};
 use crate::store::BusLog;
+use crate::targets::config::{DeadLetterConfig, RetryConfig, TargetConfig};
 use crate::targets::{self, Envelope, Target, TargetError};
-
-/// A target's retry policy. Unset backoffs come from the `[delivery]` section.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RetryConfig {
-    /// Attempts per event, the first one included (EventBridge: 185).
-    pub max_attempts: u32,
-    /// How long after its first attempt an event may still be retried (EventBridge: 24 h).
-    #[serde(
-        deserialize_with = "crate::config::duration",
-        serialize_with = "crate::runtime::delivery::ser_duration"
-    )]
-    pub max_event_age: Duration,
-    #[serde(
-        default,
-        deserialize_with = "optional_duration",
-        serialize_with = "ser_optional_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub initial_backoff: Option<Duration>,
-    #[serde(
-        default,
-        deserialize_with = "optional_duration",
-        serialize_with = "ser_optional_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub max_backoff: Option<Duration>,
-}
-
-impl Default for RetryConfig {
-    fn default() -> Self {
-        RetryConfig {
-            max_attempts: 185,
-            max_event_age: Duration::from_secs(24 * 3600),
-            initial_backoff: None,
-            max_backoff: None,
-        }
-    }
-}
-
-fn optional_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    crate::config::duration(d).map(Some)
-}
-
-/// Writes a duration the way the configuration reads it (`1500ms`), so a configuration
-/// survives a round trip through TOML (distributed mode stores it in Redis).
-pub fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&format!("{}ms", d.as_millis()))
-}
-
-fn ser_optional_duration<S: serde::Serializer>(
-    d: &Option<Duration>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => ser_duration(d, s),
-        None => s.serialize_none(),
-    }
-}
-
-/// Where events go that cannot be delivered: a bus, or another target.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct DeadLetterConfig {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bus: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target: Option<Box<TargetConfig>>,
-}
-
-impl DeadLetterConfig {
-    pub fn check(&self, buses: &std::collections::HashSet<&str>) -> Result<(), String> {
-        match (&self.bus, &self.target) {
-            (Some(bus), None) if buses.contains(bus.as_str()) => Ok(()),
-            (Some(bus), None) => Err(format!("dead_letter.bus `{bus}` is not defined")),
-            (None, Some(target)) => {
-                targets::check(target, buses).map_err(|m| format!("dead_letter.target: {m}"))
-            }
-            _ => Err("dead_letter needs exactly one of `bus` or `target`".to_string()),
-        }
-    }
-}
+use crate::values::duration;
 
 enum DeadLetter {
     Bus { name: String, log: Arc<dyn BusLog> },
@@ -125,7 +44,8 @@ struct Policy {
 
 impl Delivery {
     pub fn new(
-        config: &crate::config::Config,
+        policy: &targets::TargetPolicy,
+        delivery: &DeliveryConfig,
         rule: &str,
         subscription: &str,
         target_config: &TargetConfig,
@@ -146,7 +66,7 @@ impl Delivery {
             }
             Some(DeadLetterConfig {
                 target: Some(t), ..
-            }) => Some(DeadLetter::Target(targets::build(config, t, resources)?)),
+            }) => Some(DeadLetter::Target(targets::build(policy, t, resources)?)),
             Some(_) => {
                 return Err(TargetError::fatal(
                     "dead_letter needs exactly one of `bus` or `target`",
@@ -156,7 +76,7 @@ impl Delivery {
         Ok(Delivery::with_policy(
             target,
             &retry,
-            &config.delivery,
+            delivery,
             dead_letter,
             rule,
             subscription,
@@ -167,14 +87,14 @@ impl Delivery {
     /// its lanes never deliver, so it has no dead-letter destination to build; it keeps
     /// the subscription's retry policy and counters.
     pub fn unbuilt(
-        config: &crate::config::Config,
+        delivery: &DeliveryConfig,
         rule: &str,
         subscription: &str,
         target_config: &TargetConfig,
         target: Arc<dyn Target>,
     ) -> Delivery {
         let (retry, _) = target_config.delivery();
-        Delivery::with_policy(target, &retry, &config.delivery, None, rule, subscription)
+        Delivery::with_policy(target, &retry, delivery, None, rule, subscription)
     }
 
     fn with_policy(
@@ -542,187 +462,6 @@ pub fn backoff(initial: Duration, max: Duration, attempt: u32) -> Duration {
     ))
 }
 
-/// A token bucket shared by a target's tasks: at most `per_second` events on average, with
-/// bursts up to `burst`.
-pub struct RateLimiter {
-    per_second: f64,
-    burst: f64,
-    state: Mutex<(f64, Instant)>,
-}
-
-impl RateLimiter {
-    pub fn new(per_second: f64, burst: u32) -> RateLimiter {
-        let burst = f64::from(burst.max(1));
-        RateLimiter {
-            per_second,
-            burst,
-            state: Mutex::new((burst, Instant::now())),
-        }
-    }
-
-    /// Waits for one token.
-    pub async fn acquire(&self) {
-        loop {
-            let wait = {
-                let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                let now = Instant::now();
-                let (tokens, last) = *state;
-                let tokens = (tokens + now.duration_since(last).as_secs_f64() * self.per_second)
-                    .min(self.burst);
-                if tokens >= 1.0 {
-                    *state = (tokens - 1.0, now);
-                    return;
-                }
-                *state = (tokens, now);
-                Duration::from_secs_f64((1.0 - tokens) / self.per_second)
-            };
-            tokio::time::sleep(wait).await;
-        }
-    }
-}
-
-/// Stops calling an endpoint that keeps failing: after `threshold` failures in a row it
-/// opens for `open_for` (calls fail at once, retryably), then lets one probe through; the
-/// probe's result closes it again or re-opens it.
-///
-/// A call holds a [`BreakerPermit`] from `admit` to `record`. A probe whose future is
-/// dropped (task stopped, lease lost) or that returns before recording gives the half-open
-/// slot back when its permit drops; otherwise the breaker would stay half-open for good.
-pub struct CircuitBreaker {
-    threshold: u32,
-    open_for: Duration,
-    state: Mutex<BreakerState>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct BreakerState {
-    breaker: Breaker,
-    /// Numbers the probes, so a late drop of an old probe cannot end a newer one.
-    probes: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Breaker {
-    Closed { failures: u32 },
-    Open { until: Instant },
-    Probing { probe: u64 },
-}
-
-/// Leave to make one call through a [`CircuitBreaker`]; give its result to `record`.
-#[must_use = "record the call's result, or the probe slot is given back unused"]
-pub struct BreakerPermit<'a> {
-    breaker: &'a CircuitBreaker,
-    /// Set when this call is the half-open probe.
-    probe: Option<u64>,
-}
-
-impl CircuitBreaker {
-    pub fn new(threshold: u32, open_for: Duration) -> CircuitBreaker {
-        CircuitBreaker {
-            threshold: threshold.max(1),
-            open_for,
-            state: Mutex::new(BreakerState {
-                breaker: Breaker::Closed { failures: 0 },
-                probes: 0,
-            }),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BreakerState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// May a call go out now? The error says how long until the next probe.
-    pub fn admit(&self) -> Result<BreakerPermit<'_>, TargetError> {
-        let mut state = self.lock();
-        match state.breaker {
-            Breaker::Closed { .. } => Ok(BreakerPermit {
-                breaker: self,
-                probe: None,
-            }),
-            Breaker::Open { until } => {
-                let now = Instant::now();
-                if now >= until {
-                    state.probes += 1;
-                    let probe = state.probes;
-                    state.breaker = Breaker::Probing { probe };
-                    Ok(BreakerPermit {
-                        breaker: self,
-                        probe: Some(probe),
-                    })
-                } else {
-                    Err(TargetError {
-                        message: "circuit breaker open: the endpoint failed repeatedly".to_string(),
-                        retryable: true,
-                        status: None,
-                        retry_after: Some(until - now),
-                    })
-                }
-            }
-            Breaker::Probing { .. } => Err(TargetError {
-                message: "circuit breaker half-open: a probe is in flight".to_string(),
-                retryable: true,
-                status: None,
-                retry_after: Some(Duration::from_millis(100)),
-            }),
-        }
-    }
-
-    /// Records a call's result. `healthy` is false only for failures that say the endpoint
-    /// is down (network errors, timeouts, 5xx, 429), not for refused events.
-    fn record(&self, healthy: bool) {
-        let mut state = self.lock();
-        state.breaker = match (state.breaker, healthy) {
-            (_, true) => Breaker::Closed { failures: 0 },
-            (Breaker::Closed { failures }, false) if failures + 1 < self.threshold => {
-                Breaker::Closed {
-                    failures: failures + 1,
-                }
-            }
-            _ => Breaker::Open {
-                until: Instant::now()
-                    .checked_add(self.open_for)
-                    .unwrap_or_else(Instant::now),
-            },
-        };
-    }
-
-    /// A probe that ended without a result: the endpoint is as unknown as before, so the
-    /// next call may probe at once.
-    fn abandon(&self, probe: u64) {
-        let mut state = self.lock();
-        if state.breaker == (Breaker::Probing { probe }) {
-            state.breaker = Breaker::Open {
-                until: Instant::now(),
-            };
-        }
-    }
-}
-
-impl BreakerPermit<'_> {
-    /// Ends the call with its result (see [`CircuitBreaker`] for what counts as healthy).
-    pub fn record(mut self, healthy: bool) {
-        self.probe = None;
-        self.breaker.record(healthy);
-    }
-}
-
-impl std::fmt::Debug for BreakerPermit<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BreakerPermit")
-            .field("probe", &self.probe)
-            .finish()
-    }
-}
-
-impl Drop for BreakerPermit<'_> {
-    fn drop(&mut self) {
-        if let Some(probe) = self.probe.take() {
-            self.breaker.abandon(probe);
-        }
-    }
-}
-
 /// The exported `deliver` span continues the trace of the event it delivers (one event),
 /// or links to the traces of the events of its batch.
 #[cfg(feature = "otlp")]
@@ -752,6 +491,42 @@ fn trace_context(span: &tracing::Span, events: &[Envelope]) {
     }
 }
 
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeliveryConfig {
+    /// Most events a task reads and hands to its target at once.
+    pub batch_size: usize,
+    /// Most bytes of stored events one read of the log takes and one delivery hands to its
+    /// target (the last event may go past it; a larger event goes alone), so memory is
+    /// bounded by bytes whatever the events' size.
+    pub batch_bytes: usize,
+    /// How long a task lets new events gather after being woken, so that under load it
+    /// delivers batches instead of single events (costs this much delivery latency).
+    #[serde(deserialize_with = "duration")]
+    pub linger: Duration,
+    /// How often delivered positions are committed to the store.
+    #[serde(deserialize_with = "duration")]
+    pub commit_interval: Duration,
+    /// First wait after a failed delivery; doubles up to `max_backoff`.
+    #[serde(deserialize_with = "duration")]
+    pub initial_backoff: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub max_backoff: Duration,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig {
+            batch_size: 256,
+            batch_bytes: 1024 * 1024,
+            linger: Duration::from_millis(2),
+            commit_interval: Duration::from_millis(200),
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -766,72 +541,5 @@ mod tests {
                 .min(ms(5000));
             assert!(b >= base / 2 && b <= base, "{attempt}: {b:?}");
         }
-    }
-
-    #[test]
-    fn breaker_opens_then_probes() {
-        let b = CircuitBreaker::new(2, Duration::from_millis(30));
-        assert!(b.admit().is_ok());
-        b.record(false);
-        assert!(b.admit().is_ok());
-        b.record(false);
-        let e = b.admit().unwrap_err();
-        assert!(e.retryable && e.retry_after.is_some());
-        std::thread::sleep(Duration::from_millis(40));
-        let probe = b.admit().expect("one probe goes through");
-        assert!(b.admit().is_err(), "only one");
-        probe.record(true);
-        assert!(b.admit().is_ok());
-    }
-
-    /// Opens `b` (threshold 1) and waits until it lets a probe through.
-    fn open_and_wait(b: &CircuitBreaker) {
-        b.admit().unwrap().record(false);
-        assert!(b.admit().is_err(), "open");
-        std::thread::sleep(Duration::from_millis(25));
-    }
-
-    #[test]
-    fn a_dropped_probe_releases_the_half_open_state() {
-        let b = CircuitBreaker::new(1, Duration::from_millis(20));
-        open_and_wait(&b);
-        let probe = b.admit().expect("probe");
-        assert!(b.admit().is_err(), "half-open while the probe is out");
-        drop(probe);
-        let next = b.admit().expect("a new probe may go at once");
-        assert!(b.admit().is_err(), "and again only one");
-        next.record(true);
-        assert!(b.admit().is_ok(), "closed");
-    }
-
-    #[tokio::test]
-    async fn a_cancelled_probe_call_releases_the_half_open_state() {
-        let b = CircuitBreaker::new(1, Duration::from_millis(20));
-        open_and_wait(&b);
-        // A call that takes its permit, then is cancelled mid-flight (task stop, lease lost).
-        let call = async {
-            let permit = b.admit()?;
-            std::future::pending::<()>().await;
-            permit.record(true);
-            Ok::<(), TargetError>(())
-        };
-        let cancelled = tokio::time::timeout(Duration::from_millis(10), call).await;
-        assert!(cancelled.is_err(), "the call was cut off");
-        assert!(b.admit().is_ok(), "the probe slot is free again");
-    }
-
-    #[test]
-    fn a_late_drop_of_an_old_probe_does_not_end_a_newer_one() {
-        let b = CircuitBreaker::new(1, Duration::from_millis(20));
-        open_and_wait(&b);
-        let old = b.admit().expect("probe");
-        // A closed-state call admitted earlier reports a failure meanwhile: open again.
-        b.record(false);
-        std::thread::sleep(Duration::from_millis(25));
-        let newer = b.admit().expect("newer probe");
-        drop(old);
-        assert!(b.admit().is_err(), "the newer probe still holds the slot");
-        newer.record(false);
-        assert!(b.admit().is_err(), "open after the failed probe");
     }
 }

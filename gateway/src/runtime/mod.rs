@@ -31,10 +31,14 @@
 //! other buses are not touched.
 
 pub mod delivery;
+pub mod plan;
 pub mod rebalance;
 mod shard;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use plan::TaskKind;
+pub use plan::{shard_task_id, BusPlan, FailedConnector, Plan, RuleSubscriptions, Subscription};
+
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -42,331 +46,11 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::config::DeliveryConfig;
-use crate::rules::Filter;
-use crate::sources::{Source, SourceTask};
+use crate::runtime::delivery::DeliveryConfig;
+use crate::sources::SourceTask;
 use crate::store::cluster::{mono_ms, task_id, Cluster, Control, Lease, State};
-use crate::store::{BusLog, PositionStore, Seq};
-use crate::targets::Target;
-use rebalance::{stable_hash, Strategy};
-use sluice_functions::{RuleIndex, TransformChain};
-
-/// One (rule, target) pair.
-pub struct Subscription {
-    /// `{bus}/{rule}/{target}`: the connector id (status, pause, restart).
-    pub id: String,
-    /// `{rule}/{target}`: its key among the bus's positions.
-    pub name: String,
-    pub bus: String,
-    pub filter: Arc<Filter>,
-    /// Applied to each matched event before the target.
-    pub transform: Option<TransformChain>,
-    pub target: Arc<dyn Target>,
-    /// The target under its retry policy and dead-letter destination.
-    pub delivery: Arc<delivery::Delivery>,
-    /// A digest of the rule's condition and the target's configuration: a subscription
-    /// whose digest did not change keeps running across a configuration change.
-    pub spec: u64,
-    /// Why this replica cannot run it (a target it cannot build here, say an environment
-    /// variable missing on this replica): its lanes hold their positions like paused ones,
-    /// deliver nothing and are reported `FAILED` with this reason. `target` is then
-    /// [`crate::targets::Unavailable`].
-    pub failed: Option<String>,
-}
-
-/// A rule of a bus for the index: its condition and its subscriptions (one per target).
-pub struct RuleSubscriptions {
-    pub filter: Arc<Filter>,
-    pub subscriptions: Vec<Arc<Subscription>>,
-}
-
-/// One bus as its shard tasks run it: its log, its subscriptions and their rule index.
-pub struct BusPlan {
-    pub name: String,
-    pub log: Arc<dyn BusLog>,
-    pub subscriptions: Vec<Arc<Subscription>>,
-    /// The names of `subscriptions` (what a shard's positions record as known).
-    pub known: Arc<BTreeSet<String>>,
-    /// Rule id (as given to the index) → positions in `subscriptions`.
-    rules: Vec<Vec<usize>>,
-    /// Rule ids whose condition matches every event (also used for events that do not
-    /// decode, which no pattern can look into).
-    match_all: Vec<usize>,
-    index: RuleIndex,
-    /// Whether any rule or transform needs to look inside events.
-    needs_decode: bool,
-    /// Changes whenever anything the shard tasks run changes.
-    pub digest: u64,
-    /// How long events are kept after acceptance even once every subscription passed
-    /// them (for replays).
-    pub retention: Option<Duration>,
-    /// How many bytes of passed events each shard keeps (the bus's `retention_bytes`
-    /// split among its shards).
-    pub retention_bytes: Option<u64>,
-    /// The oldest an event may get while a subscription has not delivered it: past it the
-    /// subscription skips it (`max_backlog_age`).
-    pub max_backlog_age: Duration,
-}
-
-impl BusPlan {
-    pub fn new(name: &str, log: Arc<dyn BusLog>, rules: Vec<RuleSubscriptions>) -> BusPlan {
-        let mut builder = RuleIndex::builder();
-        let mut subscriptions = Vec::new();
-        let mut by_rule = Vec::new();
-        let mut match_all = Vec::new();
-        let mut needs_decode = false;
-        let mut digest = Vec::new();
-        for (rule_id, rule) in rules.into_iter().enumerate() {
-            // A rule none of whose subscriptions can run here is not matched at all (its
-            // condition may be the very thing that could not be built).
-            let runs = rule.subscriptions.iter().any(|s| s.failed.is_none());
-            match rule.filter.as_ref() {
-                _ if !runs => {}
-                Filter::All => {
-                    builder.add_match_all(rule_id);
-                    match_all.push(rule_id);
-                }
-                Filter::Pattern(p) => {
-                    builder.add_pattern(rule_id, p);
-                    needs_decode = true;
-                }
-                Filter::Cesql(f) => {
-                    builder.add_filter(rule_id, f.clone());
-                    needs_decode = true;
-                }
-            }
-            let mut members = Vec::new();
-            for sub in rule.subscriptions {
-                needs_decode |= sub.transform.is_some() && sub.failed.is_none();
-                digest.extend_from_slice(sub.name.as_bytes());
-                digest.extend_from_slice(&sub.spec.to_le_bytes());
-                members.push(subscriptions.len());
-                subscriptions.push(sub);
-            }
-            by_rule.push(members);
-        }
-        digest.extend_from_slice(name.as_bytes());
-        digest.extend_from_slice(&log.shards().to_le_bytes());
-        BusPlan {
-            name: name.to_string(),
-            log,
-            known: Arc::new(subscriptions.iter().map(|s| s.name.clone()).collect()),
-            subscriptions,
-            rules: by_rule,
-            match_all,
-            index: builder.build(),
-            needs_decode,
-            digest: stable_hash(&digest),
-            retention: None,
-            retention_bytes: None,
-            max_backlog_age: crate::config::DEFAULT_MAX_BACKLOG_AGE,
-        }
-    }
-
-    /// Keeps passed events `age` after acceptance and/or the newest `bytes` of them across
-    /// the bus (see `retention`); an event goes once either bound passes it.
-    pub fn with_retention(mut self, age: Option<Duration>, bytes: Option<u64>) -> BusPlan {
-        self.retention = age.filter(|r| !r.is_zero());
-        self.retention_bytes = bytes
-            .filter(|b| *b > 0)
-            .map(|b| (b / u64::from(self.log.shards().max(1))).max(1));
-        self
-    }
-
-    /// Skips, for each subscription, the events older than `age` it has not delivered.
-    pub fn with_max_backlog_age(mut self, age: Duration) -> BusPlan {
-        self.max_backlog_age = age;
-        // The shard tasks get the new plan when this changes.
-        let mut digest = self.digest.to_le_bytes().to_vec();
-        digest.extend_from_slice(&age.as_millis().to_le_bytes());
-        self.digest = stable_hash(&digest);
-        self
-    }
-
-    /// The subscriptions (positions in `subscriptions`) that take the event; `None` for an
-    /// event that does not decode: only rules without a condition take it.
-    fn matching(&self, event: Option<&cloudevents::Event>, rules: &mut Vec<usize>) {
-        rules.clear();
-        match event {
-            Some(event) => self.index.matches(event, rules),
-            None => rules.extend_from_slice(&self.match_all),
-        }
-    }
-}
-
-/// What the workers run, built from one version of the configuration.
-pub struct Plan {
-    pub version: u64,
-    pub buses: BTreeMap<String, Arc<BusPlan>>,
-    pub sources: Vec<Arc<Source>>,
-    pub logs: HashMap<String, Arc<dyn BusLog>>,
-    /// The dedup window of each bus that opted in (`dedup_window`).
-    pub dedup: HashMap<String, std::time::Duration>,
-    /// The accepted keys of each bus that requires one (`auth`).
-    pub auth: HashMap<String, Arc<crate::ingress::auth::KeySet>>,
-    /// The rate limit of each bus that has one (`rate_limit`).
-    pub rate_limits: HashMap<String, crate::ingress::ratelimit::RateLimitConfig>,
-    /// The catalog's webhook sources (ingress serves them with the file's own).
-    pub webhooks: Vec<crate::webhooks::WebhookConfig>,
-    /// Connectors this replica cannot run at all (the rules and sources of a bus whose log
-    /// does not open here): reported `FAILED` with the reason, listed with their tasks.
-    /// (Subscriptions of a running bus that cannot run carry `Subscription::failed`.)
-    pub failed: BTreeMap<String, FailedConnector>,
-    /// Everything of the version this replica could not build, by what (`bus/{bus}`, a
-    /// connector id), with why: what is logged and tried again.
-    pub failures: BTreeMap<String, String>,
-}
-
-/// A connector of the catalog this replica cannot run, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FailedConnector {
-    pub tasks: u32,
-    pub reason: String,
-}
-
-/// Stands in for the log of a bus that does not open on this replica (or for any bus
-/// while a change is only being checked): appends and reads fail as the store failing
-/// would, so ingress answers 503 and a target appending to it retries; nothing is lost or
-/// taken. It shows as empty (end and start 0), so observers (lag, scaling) count nothing
-/// for it rather than fail for every bus.
-pub struct UnavailableLog {
-    shards: u32,
-    reason: String,
-    tail: watch::Sender<Seq>,
-}
-
-impl UnavailableLog {
-    pub fn new(shards: u32, reason: String) -> UnavailableLog {
-        UnavailableLog {
-            shards,
-            reason,
-            tail: watch::Sender::new(0),
-        }
-    }
-
-    fn error(&self) -> crate::store::StoreError {
-        crate::store::StoreError::Unavailable(self.reason.clone())
-    }
-}
-
-#[async_trait::async_trait]
-impl BusLog for UnavailableLog {
-    fn shards(&self) -> u32 {
-        self.shards
-    }
-
-    async fn append(
-        &self,
-        appends: Vec<crate::store::ShardAppend>,
-    ) -> Vec<Result<Seq, crate::store::StoreError>> {
-        appends.iter().map(|_| Err(self.error())).collect()
-    }
-
-    async fn reader(
-        &self,
-        _shard: u32,
-        _from: Seq,
-    ) -> Result<Box<dyn crate::store::ShardReader>, crate::store::StoreError> {
-        Err(self.error())
-    }
-
-    fn tail(&self, _shard: u32) -> watch::Receiver<Seq> {
-        self.tail.subscribe()
-    }
-
-    async fn end(&self, _shard: u32) -> Result<Seq, crate::store::StoreError> {
-        Ok(0)
-    }
-
-    async fn release(&self, _shard: u32, _seq: Seq) -> Result<(), crate::store::StoreError> {
-        Err(self.error())
-    }
-
-    async fn start(&self, _shard: u32) -> Result<Seq, crate::store::StoreError> {
-        Ok(0)
-    }
-
-    // Not unhealthy: the process restarting would not open it either, and the other buses
-    // run. Ingress says why for this bus.
-    fn healthy(&self) -> bool {
-        true
-    }
-}
-
-/// What a task does: run one shard of a bus, or one part of a source.
-#[derive(Clone)]
-enum TaskKind {
-    Shard { bus: Arc<BusPlan>, shard: u32 },
-    Source { source: Arc<Source>, index: u32 },
-}
-
-impl TaskKind {
-    /// A digest of the task's definition: the task is updated (shard) or restarted
-    /// (source) when it changes.
-    fn digest(&self) -> u64 {
-        match self {
-            TaskKind::Shard { bus, .. } => bus.digest,
-            TaskKind::Source { source, .. } => stable_hash(
-                serde_json::to_string(&source.config)
-                    .unwrap_or_default()
-                    .as_bytes(),
-            ),
-        }
-    }
-}
-
-/// The id of a bus shard's task.
-pub fn shard_task_id(bus: &str, shard: u32) -> String {
-    task_id(&format!("bus/{bus}"), shard)
-}
-
-impl Plan {
-    /// Every connector of the plan (subscriptions `{bus}/{rule}/{target}` and sources
-    /// `source/{name}`) with its number of tasks: what the admin API may act on.
-    pub fn connectors(&self) -> HashMap<String, u32> {
-        let mut out = HashMap::new();
-        for bus in self.buses.values() {
-            for sub in &bus.subscriptions {
-                out.insert(sub.id.clone(), bus.log.shards());
-            }
-        }
-        for source in &self.sources {
-            out.insert(source.id.clone(), source.config.tasks());
-        }
-        for (id, failed) in &self.failed {
-            out.insert(id.clone(), failed.tasks);
-        }
-        out
-    }
-
-    /// Every task of the plan by task id.
-    fn tasks(&self) -> BTreeMap<String, TaskKind> {
-        let mut tasks = BTreeMap::new();
-        for bus in self.buses.values() {
-            for shard in 0..bus.log.shards() {
-                tasks.insert(
-                    shard_task_id(&bus.name, shard),
-                    TaskKind::Shard {
-                        bus: bus.clone(),
-                        shard,
-                    },
-                );
-            }
-        }
-        for source in &self.sources {
-            for index in 0..source.config.tasks() {
-                tasks.insert(
-                    task_id(&source.id, index),
-                    TaskKind::Source {
-                        source: source.clone(),
-                        index,
-                    },
-                );
-            }
-        }
-        tasks
-    }
-}
+use crate::store::{PositionStore, Seq};
+use rebalance::Strategy;
 
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
@@ -529,7 +213,7 @@ struct WorkerLoop {
     /// Per bus shard with a retention: where the retained records start (the last release).
     retained_from: HashMap<(String, u32), Seq>,
     /// Per owned (bus, shard) with `retention_bytes`: the bytes of passed records kept.
-    size_windows: HashMap<(String, u32), crate::replay::SizeWindow>,
+    size_windows: HashMap<(String, u32), crate::store::search::SizeWindow>,
 }
 
 impl WorkerLoop {
@@ -848,30 +532,27 @@ impl WorkerLoop {
                     None => bus.log.start(*shard).await.unwrap_or(0),
                 }
                 .min(min);
-                match crate::replay::first_after(bus.log.as_ref(), *shard, lo, min, cutoff).await {
-                    Ok(boundary) => {
-                        kept_from = Some(boundary);
-                        self.retained_from.insert(key.clone(), boundary);
-                    }
-                    Err(e) => {
-                        tracing::debug!(bus = %bus.name, shard, error = %e, "cannot find the retention boundary");
-                        continue;
-                    }
-                }
+                let found =
+                    crate::store::search::first_after(bus.log.as_ref(), *shard, lo, min, cutoff)
+                        .await
+                        .inspect_err(|e| {
+                            tracing::debug!(bus = %bus.name, shard, error = %e, "cannot find the retention boundary")
+                        });
+                let Ok(boundary) = found else { continue };
+                kept_from = Some(boundary);
+                self.retained_from.insert(key.clone(), boundary);
             } else {
                 self.retained_from.remove(&key);
             }
             if let Some(bytes) = bytes {
                 let window = self.size_windows.entry(key).or_default();
-                match window.advance(bus.log.as_ref(), *shard, min, bytes).await {
-                    Ok(boundary) => {
-                        kept_from = Some(kept_from.map_or(boundary, |b| b.max(boundary)))
-                    }
-                    Err(e) => {
-                        tracing::debug!(bus = %bus.name, shard, error = %e, "cannot count the retained bytes");
-                        continue;
-                    }
-                }
+                let counted = window.advance(bus.log.as_ref(), *shard, min, bytes).await;
+                let Ok(boundary) = counted.inspect_err(|e| {
+                    tracing::debug!(bus = %bus.name, shard, error = %e, "cannot count the retained bytes")
+                }) else {
+                    continue;
+                };
+                kept_from = Some(kept_from.map_or(boundary, |b| b.max(boundary)));
             } else {
                 self.size_windows.remove(&key);
             }
@@ -884,9 +565,6 @@ impl WorkerLoop {
         }
     }
 }
-
-/// How long a stopping task waits for its deliveries in flight.
-const STOP_GRACE: Duration = Duration::from_millis(500);
 
 /// A lease is trusted locally for 4/5 of its time to live after a successful renewal, so a
 /// paused or partitioned worker stops delivering before another worker can take over.

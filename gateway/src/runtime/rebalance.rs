@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+use crate::values::stable_hash;
+
 /// How tasks are spread over workers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -28,36 +30,15 @@ impl Strategy {
     }
 }
 
-impl std::str::FromStr for Strategy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "sorted-hash" => Ok(Strategy::SortedHash),
-            "consistent-hash" => Ok(Strategy::ConsistentHash),
-            other => Err(format!(
-                "unknown rebalance strategy `{other}` (sorted-hash or consistent-hash)"
-            )),
-        }
-    }
-}
+crate::values::from_names!(
+    Strategy,
+    "rebalance strategy",
+    "sorted-hash" => Strategy::SortedHash,
+    "consistent-hash" => Strategy::ConsistentHash,
+);
 
 /// Virtual nodes per worker on the consistent-hash ring.
 const VIRTUAL_NODES: u32 = 160;
-
-/// FNV-1a 64 with a final mix: stable across processes and versions.
-pub fn stable_hash(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in bytes {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    // splitmix64 finaliser: FNV alone clusters similar keys on a ring.
-    hash ^= hash >> 30;
-    hash = hash.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    hash ^= hash >> 27;
-    hash = hash.wrapping_mul(0x94d0_49bb_1331_11eb);
-    hash ^ (hash >> 31)
-}
 
 /// The owner of each task. `members` need not be sorted or unique; no members, no owners.
 pub fn assign<'a>(

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::SourceTask;
 use crate::event;
-use crate::ingress::cloudevent;
+use crate::event::http as cloudevent;
 use crate::store::cluster::State;
 use crate::targets::{self, TargetError};
 

@@ -2,11 +2,16 @@
 //! positions (how far each subscription has delivered each shard). The embedded backend keeps
 //! them on local disk; the distributed backend keeps them in Redis behind the same traits.
 //! `cluster` holds the cluster service's trait (membership, leases, control, status), which
-//! the same two backends implement: one process in memory, or Redis.
+//! the same two backends implement: one process in memory, or Redis. `dedup` holds the
+//! deduplication trait, `catalog` the catalog's storage trait, each implemented by both.
 
+pub mod append;
+pub mod catalog;
 pub mod cluster;
+pub mod dedup;
 pub mod embedded;
 pub mod redis;
+pub mod search;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -14,6 +19,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use serde::Deserialize;
 use tokio::sync::watch;
 
 use cluster::Lease;
@@ -298,6 +304,106 @@ pub trait PositionStore: Send + Sync + 'static {
     /// drop below), without copying the group: it is asked on every commit.
     fn committed_min(&self, bus: &str, shard: u32) -> Option<Seq>;
 }
+
+/// When an accepted event counts as stored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Durability {
+    /// `202` only after the log is fsynced (group commit: concurrent appends share one flush).
+    #[default]
+    Fsync,
+    /// `202` once the OS has the write; survives a process crash, not a power loss.
+    Os,
+}
+
+impl std::fmt::Display for Durability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Durability::Fsync => "fsync",
+            Durability::Os => "os",
+        })
+    }
+}
+
+crate::values::from_names!(
+    Durability,
+    "durability",
+    "fsync" => Durability::Fsync,
+    "os" => Durability::Os,
+);
+
+/// Stands in for the log of a bus that does not open on this replica (or for any bus
+/// while a change is only being checked): appends and reads fail as the store failing
+/// would, so ingress answers 503 and a target appending to it retries; nothing is lost or
+/// taken. It shows as empty (end and start 0), so observers (lag, scaling) count nothing
+/// for it rather than fail for every bus.
+pub struct UnavailableLog {
+    shards: u32,
+    reason: String,
+    tail: watch::Sender<Seq>,
+}
+
+impl UnavailableLog {
+    pub fn new(shards: u32, reason: String) -> UnavailableLog {
+        UnavailableLog {
+            shards,
+            reason,
+            tail: watch::Sender::new(0),
+        }
+    }
+
+    fn error(&self) -> crate::store::StoreError {
+        crate::store::StoreError::Unavailable(self.reason.clone())
+    }
+}
+
+#[async_trait::async_trait]
+impl BusLog for UnavailableLog {
+    fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    async fn append(
+        &self,
+        appends: Vec<crate::store::ShardAppend>,
+    ) -> Vec<Result<Seq, crate::store::StoreError>> {
+        appends.iter().map(|_| Err(self.error())).collect()
+    }
+
+    async fn reader(
+        &self,
+        _shard: u32,
+        _from: Seq,
+    ) -> Result<Box<dyn crate::store::ShardReader>, crate::store::StoreError> {
+        Err(self.error())
+    }
+
+    fn tail(&self, _shard: u32) -> watch::Receiver<Seq> {
+        self.tail.subscribe()
+    }
+
+    async fn end(&self, _shard: u32) -> Result<Seq, crate::store::StoreError> {
+        Ok(0)
+    }
+
+    async fn release(&self, _shard: u32, _seq: Seq) -> Result<(), crate::store::StoreError> {
+        Err(self.error())
+    }
+
+    async fn start(&self, _shard: u32) -> Result<Seq, crate::store::StoreError> {
+        Ok(0)
+    }
+
+    // Not unhealthy: the process restarting would not open it either, and the other buses
+    // run. Ingress says why for this bus.
+    fn healthy(&self) -> bool {
+        true
+    }
+}
+
+/// How old an undelivered event may get when the bus does not say (`max_backlog_age`).
+/// A week, like Kafka's default `retention.ms` and Pub/Sub's longest unacknowledged retention.
+pub const DEFAULT_MAX_BACKLOG_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 #[cfg(test)]
 mod stamp_tests {

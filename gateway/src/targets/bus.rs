@@ -3,25 +3,10 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 
-use super::{append_to_bus, Envelope, Resources, Target, TargetError};
-use crate::config::{DeadLetterConfig, RetryConfig};
 use crate::store::BusLog;
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct BusTargetConfig {
-    pub name: String,
-    pub bus: String,
-    #[serde(default)]
-    pub retry: RetryConfig,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dead_letter: Option<DeadLetterConfig>,
-    /// The transform chain applied to events before this target (a step or a list).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transform: Option<toml::Value>,
-}
+use crate::targets::config::BusTargetConfig;
+use crate::targets::target::{append_to_bus, Envelope, Resources, Target, TargetError};
 
 pub struct BusTarget {
     bus: String,

@@ -19,8 +19,8 @@ use std::task::{Context, Poll, Waker};
 
 use async_trait::async_trait;
 
-use super::{json_lines, Envelope, Target, TargetError};
-use crate::config::Durability;
+use crate::store::Durability;
+use crate::targets::target::{json_lines, Envelope, Target, TargetError};
 
 pub struct FileTarget {
     path: PathBuf,

@@ -9,14 +9,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use cloudevents::event::ExtensionValue;
-use serde::{Deserialize, Serialize};
 
-use super::http::{self as http_target, BodyMode};
-use super::{append_to_bus, stored, Envelope, Resources, Target, TargetError, TargetPolicy};
-use crate::config::{redact_url, DeadLetterConfig, RetryConfig};
+use crate::event::http::{self as cloudevent, ContentMode};
 use crate::event::{self, EventError};
-use crate::ingress::cloudevent::{self, ContentMode};
 use crate::store::BusLog;
+use crate::targets::config::BodyMode;
+use crate::targets::config::FunctionConfig;
+use crate::targets::http as http_target;
+use crate::targets::policy::TargetPolicy;
+use crate::targets::target::{append_to_bus, stored, Envelope, Resources, Target, TargetError};
+use crate::values::redact_url;
 
 pub const HOPS: &str = "sluicehops";
 
@@ -59,51 +61,6 @@ async fn read_capped(
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct FunctionConfig {
-    pub name: String,
-    pub url: String,
-    /// The bus replies are put on.
-    pub reply_bus: String,
-    /// Most functions an event may pass through (its reply chain), to stop loops.
-    #[serde(default = "defaults::max_hops")]
-    pub max_hops: i64,
-    #[serde(
-        default = "defaults::timeout",
-        deserialize_with = "crate::config::duration",
-        serialize_with = "crate::runtime::delivery::ser_duration"
-    )]
-    pub timeout: Duration,
-    #[serde(default)]
-    pub retry: RetryConfig,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dead_letter: Option<DeadLetterConfig>,
-    /// The transform chain applied to events before this target (a step or a list).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transform: Option<toml::Value>,
-}
-
-mod defaults {
-    use std::time::Duration;
-    pub(super) fn max_hops() -> i64 {
-        8
-    }
-    pub(super) fn timeout() -> Duration {
-        Duration::from_secs(30)
-    }
-}
-
-impl FunctionConfig {
-    pub fn check(&self) -> Result<(), String> {
-        url::Url::parse(&self.url).map_err(|e| format!("url `{}`: {e}", redact_url(&self.url)))?;
-        if self.max_hops < 1 {
-            return Err("`max_hops` must be at least 1".to_string());
-        }
-        Ok(())
-    }
-}
-
 pub struct FunctionTarget {
     config: FunctionConfig,
     /// The URL as logs, errors and dead letters show it.
@@ -119,7 +76,7 @@ impl FunctionTarget {
         policy: &TargetPolicy,
     ) -> Result<FunctionTarget, TargetError> {
         config.check().map_err(TargetError::fatal)?;
-        super::check_url(&config.url, policy).map_err(TargetError::fatal)?;
+        crate::targets::policy::check_url(&config.url, policy).map_err(TargetError::fatal)?;
         let reply = resources.buses.get(&config.reply_bus).ok_or_else(|| {
             TargetError::fatal(format!("reply_bus `{}` is not defined", config.reply_bus))
         })?;

@@ -6,7 +6,6 @@
 //! limit, a cap on requests in flight, and a circuit breaker. Connections are pooled by the
 //! client (HTTP/1.1 keep-alive; h2 by ALPN or with `http2_prior_knowledge`).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,169 +13,14 @@ use async_trait::async_trait;
 use base64::Engine;
 use hmac::{KeyInit, Mac};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
-use super::{attributes, data_bytes, secret, Envelope, Target, TargetError, TargetPolicy};
-use crate::config::{redact_url, DeadLetterConfig, RetryConfig};
 use crate::event::header_text;
-use crate::runtime::delivery::{CircuitBreaker, RateLimiter};
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum BodyMode {
-    /// Attributes as `ce-*` headers, the data as the body.
-    #[default]
-    Binary,
-    /// The whole event as `application/cloudevents+json`.
-    Structured,
-    /// The data alone, as a plain webhook.
-    Raw,
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, tag = "type", rename_all = "kebab-case")]
-pub enum AuthConfig {
-    /// `Authorization: Bearer <token>`. Secrets (`token`, `password`, `key`) are `env:NAME`
-    /// references to variables under `admin.secret_env_prefix`: the catalog holds no secret.
-    Bearer { token: String },
-    /// `Authorization: Basic base64(user:password)`.
-    Basic { username: String, password: String },
-    /// A header carrying a key, e.g. `x-api-key`.
-    ApiKey { header: String, key: String },
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct CircuitBreakerConfig {
-    /// Failures in a row (network errors, timeouts, 5xx, 429) that open the circuit.
-    #[serde(default = "defaults::breaker_failures")]
-    pub failures: u32,
-    /// How long it stays open before one probe is let through.
-    #[serde(
-        default = "defaults::breaker_open_for",
-        deserialize_with = "crate::config::duration",
-        serialize_with = "crate::runtime::delivery::ser_duration"
-    )]
-    pub open_for: Duration,
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct HttpConfig {
-    pub name: String,
-    pub url: String,
-    #[serde(default)]
-    pub mode: BodyMode,
-    /// Extra request headers.
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    /// Time for the whole request, answer included.
-    #[serde(
-        default = "defaults::timeout",
-        deserialize_with = "crate::config::duration",
-        serialize_with = "crate::runtime::delivery::ser_duration"
-    )]
-    pub timeout: Duration,
-    #[serde(
-        default = "defaults::connect_timeout",
-        deserialize_with = "crate::config::duration",
-        serialize_with = "crate::runtime::delivery::ser_duration"
-    )]
-    pub connect_timeout: Duration,
-    /// Speak h2 without TLS negotiation (h2c).
-    #[serde(default)]
-    pub http2_prior_knowledge: bool,
-    /// PEM file of root certificates to trust besides the platform's (a private CA).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ca_file: Option<String>,
-    /// Standard Webhooks signing secret: `env:NAME`, a variable (under
-    /// `admin.secret_env_prefix`) holding `whsec_...`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub signing_secret: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auth: Option<AuthConfig>,
-    /// Most events per second to this endpoint (all tasks together).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limit: Option<f64>,
-    /// Most requests in flight to this endpoint (all tasks together).
-    #[serde(default = "defaults::max_in_flight")]
-    pub max_in_flight: usize,
-    /// Send a batch's events concurrently (up to `max_in_flight`) instead of in order.
-    #[serde(default)]
-    pub concurrent: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub circuit_breaker: Option<CircuitBreakerConfig>,
-    #[serde(default)]
-    pub retry: RetryConfig,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dead_letter: Option<DeadLetterConfig>,
-    /// The transform chain applied to events before this target (a step or a list).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transform: Option<toml::Value>,
-}
-
-mod defaults {
-    use std::time::Duration;
-    pub(super) fn timeout() -> Duration {
-        Duration::from_secs(10)
-    }
-    pub(super) fn connect_timeout() -> Duration {
-        Duration::from_secs(3)
-    }
-    pub(super) fn max_in_flight() -> usize {
-        16
-    }
-    pub(super) fn breaker_failures() -> u32 {
-        5
-    }
-    pub(super) fn breaker_open_for() -> Duration {
-        Duration::from_secs(30)
-    }
-}
-
-impl HttpConfig {
-    pub fn check(&self) -> Result<(), String> {
-        let shown = redact_url(&self.url);
-        let url = url::Url::parse(&self.url).map_err(|e| format!("url `{shown}`: {e}"))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(format!("url `{shown}` must be http or https"));
-        }
-        for (name, value) in &self.headers {
-            HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| format!("header name `{name}` is not valid"))?;
-            HeaderValue::from_str(value)
-                .map_err(|_| format!("header `{name}`: value is not valid"))?;
-        }
-        if let Some(s) = &self.signing_secret {
-            if !s.starts_with("env:") {
-                signing_key(s)?;
-            }
-        }
-        if let Some(rate) = self.rate_limit {
-            if !(rate.is_finite() && rate > 0.0) {
-                return Err("`rate_limit` must be a positive number of events per second".into());
-            }
-        }
-        if self.max_in_flight == 0 {
-            return Err("`max_in_flight` must be greater than zero".to_string());
-        }
-        if self.timeout.is_zero() {
-            return Err("`timeout` must be greater than zero".to_string());
-        }
-        Ok(())
-    }
-}
-
-/// The HMAC key of a `whsec_<base64>` secret.
-fn signing_key(secret: &str) -> Result<Vec<u8>, String> {
-    let encoded = secret
-        .strip_prefix("whsec_")
-        .ok_or("`signing_secret` must start with `whsec_`")?;
-    base64::engine::general_purpose::STANDARD
-        .decode(encoded)
-        .map_err(|_| "`signing_secret`: the part after `whsec_` is not base64".to_string())
-}
+use crate::targets::config::{signing_key, AuthConfig, BodyMode, HttpConfig};
+use crate::targets::limits::{CircuitBreaker, RateLimiter};
+use crate::targets::policy::{secret, TargetPolicy};
+use crate::targets::target::{attributes, data_bytes, Envelope, Target, TargetError};
+use crate::values::redact_url;
 
 /// Standard Webhooks: `v1,` + base64(HMAC-SHA256(key, "{id}.{timestamp}.{body}")).
 pub fn sign(key: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
@@ -426,7 +270,7 @@ impl HttpTarget {
         policy: &TargetPolicy,
     ) -> Result<HttpTarget, TargetError> {
         config.check().map_err(TargetError::fatal)?;
-        super::check_url(&config.url, policy).map_err(TargetError::fatal)?;
+        crate::targets::policy::check_url(&config.url, policy).map_err(TargetError::fatal)?;
         super::policy::check_headers(config.headers.keys(), policy)
             .map_err(|(_, m)| TargetError::fatal(m))?;
         let prefix = policy.secret_env_prefix.as_str();
@@ -609,7 +453,7 @@ mod encode_tests {
                 expected,
                 "{data}"
             );
-            let back = crate::ingress::cloudevent::from_binary(&request.headers, &request.body);
+            let back = crate::event::http::from_binary(&request.headers, &request.body);
             assert!(back.is_ok(), "{data}: {back:?}");
         }
     }

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use async_trait::async_trait;
 
-use super::{json_lines, Envelope, Target, TargetError};
+use crate::targets::target::{json_lines, Envelope, Target, TargetError};
 
 pub struct LogTarget;
 

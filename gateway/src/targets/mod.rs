@@ -2,139 +2,54 @@
 //! target's config is turned into the running thing by `build`.
 
 pub mod bus;
+pub mod config;
 mod file;
 pub mod function;
 pub mod http;
+pub mod limits;
 mod log;
-mod policy;
+pub mod policy;
 pub mod redis_stream;
 pub mod rocketmq;
+pub mod target;
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
-use async_trait::async_trait;
-use bytes::Bytes;
-use cloudevents::event::{AttributeValue, Data};
-use cloudevents::Event;
-
-use crate::config::{Config, TargetConfig};
-use crate::event;
 use crate::store::BusLog;
+use crate::targets::config::TargetConfig;
 
 pub use file::{combine_writes, combining, CombineGuard, FileTarget};
 pub use log::LogTarget;
 pub use policy::{
-    allowed_file_path, check_egress, check_exposed, check_policy, check_redis_url,
-    check_secret_ref, check_url, local_secret, redis_url, refused_address, secret, EgressResolver,
-    TargetPolicy,
+    allowed_file_path, check_egress, check_policy, check_url, redis_url, refused_address, secret,
+    EgressResolver, TargetPolicy,
 };
-
-/// A failed delivery. `retryable` says whether trying the same events again may succeed;
-/// `status` is the peer's answer when it gave one (an HTTP status), for dead letters and logs;
-/// `retry_after` is how long the peer asked us to wait (`Retry-After`).
-#[derive(Debug, Clone, Default, thiserror::Error)]
-#[error("{message}")]
-pub struct TargetError {
-    pub message: String,
-    pub retryable: bool,
-    pub status: Option<u16>,
-    pub retry_after: Option<Duration>,
-}
-
-impl TargetError {
-    pub fn retryable(message: impl Into<String>) -> Self {
-        TargetError {
-            message: message.into(),
-            retryable: true,
-            ..TargetError::default()
-        }
-    }
-
-    /// An error that the same request will hit again (bad configuration, a refused event).
-    pub fn fatal(message: impl Into<String>) -> Self {
-        TargetError {
-            message: message.into(),
-            retryable: false,
-            ..TargetError::default()
-        }
-    }
-}
-
-/// An event on its way to a target: its structured JSON form and, when something needed to
-/// look inside it, the decoded event. A transform may have turned it into a raw `body`,
-/// which then replaces the event for targets that send bodies.
-#[derive(Debug, Clone)]
-pub struct Envelope {
-    pub raw: Bytes,
-    /// When the event was accepted (ms since the Unix epoch; 0: not known).
-    pub accepted_ms: u64,
-    pub event: Option<Event>,
-    pub body: Option<Body>,
-}
-
-/// A raw body produced by a transform.
-#[derive(Debug, Clone)]
-pub struct Body {
-    pub content_type: String,
-    pub bytes: Bytes,
-}
-
-impl Envelope {
-    /// The decoded event (decoding the stored form if no one has yet). A stored event that
-    /// does not decode can never be delivered: the error is not retryable.
-    pub fn decoded(&self) -> Result<std::borrow::Cow<'_, Event>, TargetError> {
-        match &self.event {
-            Some(e) => Ok(std::borrow::Cow::Borrowed(e)),
-            None => event::decode(&self.raw)
-                .map(std::borrow::Cow::Owned)
-                .map_err(|e| TargetError::fatal(format!("stored event does not decode: {e}"))),
-        }
-    }
-}
-
-#[async_trait]
-pub trait Target: Send + Sync + 'static {
-    /// Delivers a batch, in order. `Ok` means every event of it is delivered (and, for
-    /// targets that can say so, durable), so the position may move past the batch.
-    async fn deliver(&self, events: &[Envelope]) -> Result<(), TargetError>;
-
-    /// Short description for logs and status.
-    fn describe(&self) -> String;
-}
-
-/// What targets may need besides their own configuration: the buses (bus target, function
-/// replies, dead letters append to them).
-#[derive(Clone)]
-pub struct Resources {
-    pub buses: HashMap<String, Arc<dyn BusLog>>,
-}
+pub use target::{
+    append_to_bus, attribute, attributes, data_bytes, json_lines, stored, Body, Envelope,
+    Resources, Target, TargetError, Unavailable,
+};
 
 /// Builds the running target for a configured one.
 pub fn build(
-    config: &Config,
+    policy: &TargetPolicy,
     target: &TargetConfig,
     resources: &Resources,
 ) -> Result<Arc<dyn Target>, TargetError> {
-    let policy = TargetPolicy::of(config);
     Ok(match target {
         TargetConfig::Log(_) => Arc::new(LogTarget::new()),
         TargetConfig::File(file) => {
             // The path as resolved when checked is the one opened.
-            let path = allowed_file_path(&policy, &file.path).map_err(TargetError::fatal)?;
-            Arc::new(FileTarget::open(&path, config.durability)?)
+            let path = allowed_file_path(policy, &file.path).map_err(TargetError::fatal)?;
+            Arc::new(FileTarget::open(&path, policy.durability)?)
         }
         TargetConfig::Rocketmq(c) => Arc::new(rocketmq::RocketMqTarget::new(c)?),
         TargetConfig::Http(c) => {
-            let ca_file = c.ca_file.as_deref().map(|p| config.expand_path(p));
-            Arc::new(http::HttpTarget::new(c, ca_file.as_deref(), &policy)?)
+            let ca_file = c.ca_file.as_deref().map(|p| policy.expand_path(p));
+            Arc::new(http::HttpTarget::new(c, ca_file.as_deref(), policy)?)
         }
-        TargetConfig::RedisStream(c) => Arc::new(redis_stream::RedisStreamTarget::new(c, &policy)?),
+        TargetConfig::RedisStream(c) => Arc::new(redis_stream::RedisStreamTarget::new(c, policy)?),
         TargetConfig::Bus(c) => Arc::new(bus::BusTarget::new(c, resources)?),
-        TargetConfig::Function(c) => {
-            Arc::new(function::FunctionTarget::new(c, resources, &policy)?)
-        }
+        TargetConfig::Function(c) => Arc::new(function::FunctionTarget::new(c, resources, policy)?),
     })
 }
 
@@ -152,19 +67,18 @@ pub struct Unbuildable {
 /// runs (against stand-in buses), so whatever `build` refuses is refused here, when the
 /// resource is written. `buses` are the buses the target may name.
 pub fn validate(
-    config: &Config,
+    policy: &TargetPolicy,
     target: &TargetConfig,
     buses: &std::collections::HashSet<&str>,
 ) -> Result<(), Unbuildable> {
-    check(target, buses).map_err(|message| Unbuildable {
+    config::check(target, buses).map_err(|message| Unbuildable {
         pointer: String::new(),
         message,
     })?;
-    let policy = TargetPolicy::of(config);
-    check_policy(&policy, target).map_err(|(pointer, message)| Unbuildable { pointer, message })?;
+    check_policy(policy, target).map_err(|(pointer, message)| Unbuildable { pointer, message })?;
     let built = match target {
         // `build` makes the directories and opens the file: only where they would be.
-        TargetConfig::File(file) => allowed_file_path(&policy, &file.path)
+        TargetConfig::File(file) => allowed_file_path(policy, &file.path)
             .map_err(TargetError::fatal)
             .and_then(|path| writable(&path)),
         // `build` registers a producer (started on the first delivery): only its settings.
@@ -173,13 +87,13 @@ pub fn validate(
         // connects nowhere.
         _ => {
             let stand_in = |bus: &&str| -> (String, Arc<dyn BusLog>) {
-                let log = crate::runtime::UnavailableLog::new(1, "only checked".to_string());
+                let log = crate::store::UnavailableLog::new(1, "only checked".to_string());
                 (bus.to_string(), Arc::new(log))
             };
             let resources = Resources {
                 buses: buses.iter().map(stand_in).collect(),
             };
-            build(config, target, &resources).map(drop)
+            build(policy, target, &resources).map(drop)
         }
     };
     built.map_err(|e| Unbuildable {
@@ -188,7 +102,7 @@ pub fn validate(
     })?;
     let (_, dead_letter) = target.delivery();
     if let Some(t) = dead_letter.and_then(|d| d.target.as_deref()) {
-        validate(config, t, buses).map_err(|e| Unbuildable {
+        validate(policy, t, buses).map_err(|e| Unbuildable {
             pointer: format!("/dead_letter/target{}", e.pointer),
             message: format!("dead_letter.target: {}", e.message),
         })?;
@@ -229,12 +143,16 @@ fn pointer_of(target: &TargetConfig, message: &str) -> String {
     match target {
         TargetConfig::Http(c) => {
             match &c.auth {
-                Some(http::AuthConfig::Bearer { token }) => fields.push(("/auth/token", token)),
-                Some(http::AuthConfig::Basic { username, password }) => {
+                Some(crate::targets::config::AuthConfig::Bearer { token }) => {
+                    fields.push(("/auth/token", token))
+                }
+                Some(crate::targets::config::AuthConfig::Basic { username, password }) => {
                     fields.push(("/auth/username", username));
                     fields.push(("/auth/password", password));
                 }
-                Some(http::AuthConfig::ApiKey { key, .. }) => fields.push(("/auth/key", key)),
+                Some(crate::targets::config::AuthConfig::ApiKey { key, .. }) => {
+                    fields.push(("/auth/key", key))
+                }
                 None => {}
             }
             if let Some(secret) = &c.signing_secret {
@@ -265,187 +183,6 @@ fn mentions(message: &str, word: &str) -> bool {
         let before = message[..at].chars().next_back();
         let after = message[at + word.len()..].chars().next();
         !before.is_some_and(is_name) && !after.is_some_and(is_name)
-    })
-}
-
-/// Stands in for a target this replica could not build: its subscription keeps its place
-/// and its positions, and holds its events (its lanes never deliver: see `runtime::shard`).
-pub struct Unavailable {
-    pub reason: String,
-}
-
-#[async_trait]
-impl Target for Unavailable {
-    async fn deliver(&self, _events: &[Envelope]) -> Result<(), TargetError> {
-        Err(TargetError::retryable(format!(
-            "the target cannot be built on this replica: {}",
-            self.reason
-        )))
-    }
-
-    fn describe(&self) -> String {
-        format!("unavailable ({})", self.reason)
-    }
-}
-
-/// One JSON line per event, in CloudEvents structured form (the stored form as it is). A
-/// transformed body goes on its line as compact JSON, or as a JSON string if it is not JSON.
-pub fn json_lines(events: &[Envelope]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(events.iter().map(|e| e.raw.len() + 1).sum());
-    for event in events {
-        match &event.body {
-            None => out.extend_from_slice(&event.raw),
-            Some(body) => {
-                let written = match serde_json::from_slice::<serde_json::Value>(&body.bytes) {
-                    Ok(json) => serde_json::to_writer(&mut out, &json),
-                    Err(_) => {
-                        serde_json::to_writer(&mut out, &String::from_utf8_lossy(&body.bytes))
-                    }
-                };
-                if written.is_err() {
-                    out.extend_from_slice(b"null");
-                }
-            }
-        }
-        out.push(b'\n');
-    }
-    out
-}
-
-/// The event's data as bytes, as a binary-mode body carries it (JSON serialised, text as is).
-pub fn data_bytes(event: &Event) -> Vec<u8> {
-    match event.data() {
-        Some(Data::Binary(b)) => b.clone(),
-        Some(Data::String(s)) => s.clone().into_bytes(),
-        Some(Data::Json(v)) => serde_json::to_vec(v).unwrap_or_default(),
-        None => Vec::new(),
-    }
-}
-
-/// Every context attribute and extension of the event except `datacontenttype`, as text
-/// (the form binary-mode headers and message properties carry).
-pub fn attributes(event: &Event) -> Vec<(String, String)> {
-    event
-        .iter()
-        .filter(|(name, _)| *name != "datacontenttype")
-        .map(|(name, value)| {
-            let text = match value {
-                AttributeValue::Time(t) => t.to_rfc3339(),
-                other => other.to_string(),
-            };
-            (name.to_string(), text)
-        })
-        .collect()
-}
-
-/// The stored form of an event the gateway made itself (a function reply, a dead letter),
-/// with the shard it belongs to on a bus of `shards` shards.
-pub fn stored(event: &Event, shards: u32) -> Result<(u32, Bytes), TargetError> {
-    let raw = crate::event::encode(event)
-        .map_err(|e| TargetError::fatal(format!("cannot encode event: {e}")))?;
-    // A function's reply goes onto a bus: held to what ingress accepts, or it would stall
-    // that bus's subscriptions.
-    crate::event::check_stored(&raw).map_err(|e| TargetError::fatal(e.to_string()))?;
-    if raw.len() > crate::store::MAX_RECORD_BYTES {
-        return Err(TargetError::fatal(format!(
-            "the event is {} bytes stored, over the store's limit of {} bytes",
-            raw.len(),
-            crate::store::MAX_RECORD_BYTES
-        )));
-    }
-    let shard = crate::event::shard_of(&crate::event::partition_key(event), shards);
-    Ok((shard, Bytes::from(raw)))
-}
-
-/// Appends events to a bus, each to its shard, in order; Ok once all are durable.
-pub async fn append_to_bus(
-    log: &dyn BusLog,
-    bus: &str,
-    records: Vec<(u32, Bytes)>,
-) -> Result<(), TargetError> {
-    // One entry per shard, records in their original order within it.
-    let mut by_shard: std::collections::BTreeMap<u32, Vec<Bytes>> = Default::default();
-    for (shard, raw) in records {
-        by_shard.entry(shard).or_default().push(raw);
-    }
-    let appends = by_shard
-        .into_iter()
-        .map(|(shard, records)| crate::store::ShardAppend { shard, records })
-        .collect();
-    for result in log.append(appends).await {
-        match result {
-            Err(e @ crate::store::StoreError::TooLarge(_)) => {
-                return Err(TargetError::fatal(format!(
-                    "appending to bus `{bus}` failed: {e}"
-                )))
-            }
-            Err(e) => {
-                return Err(TargetError::retryable(format!(
-                    "appending to bus `{bus}` failed: {e}"
-                )))
-            }
-            Ok(_) => {}
-        }
-    }
-    Ok(())
-}
-
-/// Checks a target's configuration when the rule is loaded; `buses` are the defined buses.
-pub fn check(target: &TargetConfig, buses: &std::collections::HashSet<&str>) -> Result<(), String> {
-    let bus_exists = |what: &str, bus: &str| {
-        if buses.contains(bus) {
-            Ok(())
-        } else {
-            Err(format!("{what} `{bus}` is not defined"))
-        }
-    };
-    let dead_letter = match target {
-        TargetConfig::Log(_) | TargetConfig::File(_) => None,
-        TargetConfig::Rocketmq(c) => {
-            c.check()?;
-            c.dead_letter.as_ref()
-        }
-        TargetConfig::Http(c) => {
-            c.check()?;
-            c.dead_letter.as_ref()
-        }
-        TargetConfig::RedisStream(c) => {
-            c.check()?;
-            c.dead_letter.as_ref()
-        }
-        TargetConfig::Bus(c) => {
-            bus_exists("bus", &c.bus)?;
-            c.dead_letter.as_ref()
-        }
-        TargetConfig::Function(c) => {
-            c.check()?;
-            bus_exists("reply_bus", &c.reply_bus)?;
-            c.dead_letter.as_ref()
-        }
-    };
-    if let Some(dead_letter) = dead_letter {
-        dead_letter.check(buses)?;
-    }
-    Ok(())
-}
-
-/// One attribute or extension of the event as text (`time` in RFC 3339), if it has it.
-pub fn attribute(event: &Event, name: &str) -> Option<String> {
-    use cloudevents::event::ExtensionValue;
-    use cloudevents::AttributesReader;
-    Some(match name {
-        "id" => event.id().to_string(),
-        "source" => event.source().to_string(),
-        "type" => event.ty().to_string(),
-        "specversion" => event.specversion().to_string(),
-        "subject" => event.subject()?.to_string(),
-        "datacontenttype" => event.datacontenttype()?.to_string(),
-        "dataschema" => event.dataschema()?.to_string(),
-        "time" => event.time()?.to_rfc3339(),
-        _ => match event.extension(name)? {
-            ExtensionValue::String(s) => s.clone(),
-            other => other.to_string(),
-        },
     })
 }
 
@@ -574,7 +311,8 @@ bus = "dlq"
         config.data_dir = dir.path().to_path_buf();
         std::fs::write(dir.path().join("plain"), b"").unwrap();
         let buses = std::collections::HashSet::from(["b"]);
-        let target = |text: &str| -> crate::config::TargetConfig { toml::from_str(text).unwrap() };
+        let target =
+            |text: &str| -> crate::targets::config::TargetConfig { toml::from_str(text).unwrap() };
         let http = "type = \"http\"\nname = \"h\"\nurl = \"http://127.0.0.1:9/\"\n";
         for (text, pointer, says) in [
             (
@@ -613,7 +351,7 @@ bus = "dlq"
                 "reply_bus `nope` is not defined",
             ),
         ] {
-            let err = super::validate(&config, &target(&text), &buses).unwrap_err();
+            let err = super::validate(&config.target_policy(), &target(&text), &buses).unwrap_err();
             assert_eq!(err.pointer, pointer, "{text}: {}", err.message);
             assert!(err.message.contains(says), "{says}: {}", err.message);
         }
@@ -624,7 +362,7 @@ bus = "dlq"
             "type = \"redis-stream\"\nname = \"rs\"\nstream = \"s\"",
             "type = \"rocketmq\"\nname = \"mq\"\nname_server = \"127.0.0.1:9876\"\ntopic = \"T\"",
         ] {
-            super::validate(&config, &target(text), &buses)
+            super::validate(&config.target_policy(), &target(text), &buses)
                 .unwrap_or_else(|e| panic!("{text}: {e:?}"));
         }
         assert!(

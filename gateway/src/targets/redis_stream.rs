@@ -4,56 +4,11 @@
 
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
-use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
-use super::{Envelope, Target, TargetError, TargetPolicy};
-use crate::config::{DeadLetterConfig, RetryConfig};
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RedisStreamConfig {
-    pub name: String,
-    /// `redis://host:port/db`, or `env:NAME` (a variable under `admin.secret_env_prefix`):
-    /// a URL with a password must come whole from the environment.
-    #[serde(default = "defaults::url")]
-    pub url: String,
-    pub stream: String,
-    /// Approximate cap on the stream's length (`MAXLEN ~`).
-    #[serde(default = "defaults::maxlen")]
-    pub maxlen: usize,
-    #[serde(default)]
-    pub retry: RetryConfig,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dead_letter: Option<DeadLetterConfig>,
-    /// The transform chain applied to events before this target (a step or a list).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transform: Option<toml::Value>,
-}
-
-mod defaults {
-    pub(super) fn url() -> String {
-        "redis://127.0.0.1:6379".to_string()
-    }
-    pub(super) fn maxlen() -> usize {
-        100_000
-    }
-}
-
-impl RedisStreamConfig {
-    pub fn check(&self) -> Result<(), String> {
-        if self.stream.is_empty() {
-            return Err("`stream` is empty".to_string());
-        }
-        if !self.url.starts_with("env:") {
-            redis::Client::open(self.url.as_str()).map_err(|e| format!("url: {e}"))?;
-        }
-        if self.maxlen == 0 {
-            return Err("`maxlen` must be greater than zero".to_string());
-        }
-        Ok(())
-    }
-}
+use crate::targets::config::RedisStreamConfig;
+use crate::targets::policy::TargetPolicy;
+use crate::targets::target::{Envelope, Target, TargetError};
 
 pub struct RedisStreamTarget {
     config: RedisStreamConfig,
@@ -67,12 +22,12 @@ impl RedisStreamTarget {
         policy: &TargetPolicy,
     ) -> Result<RedisStreamTarget, TargetError> {
         config.check().map_err(TargetError::fatal)?;
-        let url = super::redis_url(&config.url, &policy.secret_env_prefix)?;
+        let url = crate::targets::policy::redis_url(&config.url, &policy.secret_env_prefix)?;
         // The client's error may quote the URL, password included.
         let client = redis::Client::open(url.as_str()).map_err(|e| {
             TargetError::fatal(
                 e.to_string()
-                    .replace(url.as_str(), &crate::config::redact_url(&url)),
+                    .replace(url.as_str(), &crate::values::redact_url(&url)),
             )
         })?;
         Ok(RedisStreamTarget {

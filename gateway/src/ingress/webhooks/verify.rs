@@ -548,7 +548,7 @@ mod tests {
     /// GitHub's documented test vector (docs.github.com, "Validating webhook deliveries").
     #[test]
     fn github_documented_vector() {
-        let scheme = crate::webhooks::presets::scheme("github").unwrap();
+        let scheme = crate::ingress::webhooks::presets::scheme("github").unwrap();
         let h = headers(&[(
             "x-hub-signature-256",
             "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17",
@@ -584,7 +584,7 @@ mod tests {
     /// Slack's documented example (api.slack.com/authentication/verifying-requests-from-slack).
     #[test]
     fn slack_documented_vector() {
-        let scheme = crate::webhooks::presets::scheme("slack").unwrap();
+        let scheme = crate::ingress::webhooks::presets::scheme("slack").unwrap();
         let body = b"token=xyzz0WbapA4vBCDEFasx0q6G&team_id=T1DC2JH3J&team_domain=testteamnow&channel_id=G8PSS9T3V&channel_name=foobar&user_id=U2CERLKJA&user_name=roadrunner&command=%2Fwebhook-collect&text=&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2FT1DC2JH3J%2F397700885554%2F96rGlfmibIGlgcZRskXaIFfN&trigger_id=398738663015.47445629121.803a0bc887a14d10d2c447fce8b6703c";
         let h = headers(&[
             ("x-slack-request-timestamp", "1531420618"),
@@ -612,7 +612,7 @@ mod tests {
             ("stripe", "stripe-signature"),
         ];
         for (preset, field) in cases {
-            let scheme = crate::webhooks::presets::scheme(preset).unwrap();
+            let scheme = crate::ingress::webhooks::presets::scheme(preset).unwrap();
             for at in [i64::MIN, i64::MAX, i64::MIN + 1] {
                 let value = if preset == "stripe" {
                     format!("t={at},v1=00")
@@ -641,7 +641,7 @@ mod tests {
     /// The Standard Webhooks specification's example (standard-webhooks/spec).
     #[test]
     fn standard_webhooks_documented_vector() {
-        let scheme = crate::webhooks::presets::scheme("standard-webhooks").unwrap();
+        let scheme = crate::ingress::webhooks::presets::scheme("standard-webhooks").unwrap();
         let body = br#"{"test": 2432232314}"#;
         let h = headers(&[
             ("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek"),
@@ -677,7 +677,7 @@ mod tests {
 
     #[test]
     fn stripe_style_header_with_several_signatures() {
-        let scheme = crate::webhooks::presets::scheme("stripe").unwrap();
+        let scheme = crate::ingress::webhooks::presets::scheme("stripe").unwrap();
         let body = br#"{"id":"evt_1"}"#;
         let sig = hex(&hmac(Algorithm::Sha256, b"whsec_x", &[b"100.", body]));
         let value = format!("t=100,v1=deadbeef,v1={sig},v0=00");

@@ -22,26 +22,24 @@
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
-use std::io::{BufReader, ErrorKind, Read, Seek, SeekFrom};
-use std::os::unix::fs::FileExt;
+use std::io::ErrorKind;
+use std::os::unix::fs::FileExt as _;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 #[cfg(test)]
 use std::sync::atomic::AtomicU32;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::watch;
 
-use crate::config::Durability;
-use crate::store::{BusLog, Record, Seq, ShardAppend, ShardReader, StoreError};
+use crate::store::embedded::reader::{lock, poisoned, Cache, EmbeddedReader, Segments, ShardView};
+use crate::store::embedded::segment::{encode_record, recover, segment_path, sync_dir, zero_fill};
+use crate::store::Durability;
+use crate::store::{BusLog, Seq, ShardAppend, ShardReader, StoreError};
 
-pub(crate) const HEADER: usize = 16;
-/// Larger lengths can only come from a torn or corrupt header.
-pub(crate) const MAX_RECORD: u32 = 64 * 1024 * 1024;
 /// How far ahead of the records a segment is zero-filled (durability `fsync` only).
 const PREALLOCATE: u64 = 1024 * 1024;
 
@@ -53,9 +51,6 @@ pub struct LogOptions {
     pub cache_bytes: usize,
 }
 
-/// Segment base sequence numbers of one shard, oldest first; shared by writer and readers.
-type Segments = Arc<Mutex<Vec<Seq>>>;
-
 /// The writing side of a shard, behind its lock.
 struct Active {
     file: Arc<File>,
@@ -65,14 +60,6 @@ struct Active {
     allocated: u64,
     next_seq: Seq,
     buf: Vec<u8>,
-}
-
-/// Recent records, oldest first, bounded by bytes.
-struct Cache {
-    records: VecDeque<(Seq, u64, Bytes)>,
-    bytes: usize,
-    /// The first sequence number the cache can answer for.
-    first: Seq,
 }
 
 struct Shard {
@@ -114,12 +101,6 @@ fn sync_data(file: &File, #[cfg(test)] fail: &AtomicU32) -> std::io::Result<()> 
         return Err(std::io::Error::other("injected fsync failure"));
     }
     file.sync_data()
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section leaves its data consistent before anything can panic, so a
-    // poisoned lock still guards valid state.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl EmbeddedLog {
@@ -435,17 +416,13 @@ impl BusLog for EmbeddedLog {
 
     async fn reader(&self, shard: u32, from: Seq) -> Result<Box<dyn ShardReader>, StoreError> {
         let s = self.shard(shard)?;
-        Ok(Box::new(EmbeddedReader {
-            bus: self.bus.clone(),
-            shard,
+        let view = ShardView {
             dir: s.dir.clone(),
             segments: s.segments.clone(),
             cache: s.cache.clone(),
             tail: s.tail.subscribe(),
-            next: from,
-            file: None,
-            max_bytes: crate::store::DEFAULT_READ_BYTES,
-        }))
+        };
+        Ok(Box::new(EmbeddedReader::new(&self.bus, shard, view, from)))
     }
 
     fn tail(&self, shard: u32) -> watch::Receiver<Seq> {
@@ -500,509 +477,10 @@ impl BusLog for EmbeddedLog {
     }
 }
 
-fn poisoned<T>(_: T) -> StoreError {
-    StoreError::Unavailable("a log lock was poisoned".to_string())
-}
-
-fn segment_path(dir: &Path, base: Seq) -> PathBuf {
-    dir.join(format!("{base:020}.log"))
-}
-
-struct Recovered {
-    file: File,
-    file_len: u64,
-    next_seq: Seq,
-    bases: Vec<Seq>,
-}
-
-fn recover(dir: &Path) -> Result<Recovered, StoreError> {
-    super::create_private_dirs(dir)
-        .map_err(|e| StoreError::io(&format!("cannot create {}", dir.display()), &e))?;
-    let mut bases = Vec::new();
-    let entries = fs::read_dir(dir)
-        .map_err(|e| StoreError::io(&format!("cannot list {}", dir.display()), &e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| StoreError::io("cannot list a shard", &e))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if let Some(base) = name
-            .strip_suffix(".log")
-            .and_then(|b| b.parse::<Seq>().ok())
-        {
-            bases.push(base);
-        }
-    }
-    bases.sort_unstable();
-    // Every segment a reader may still need is verified, not only the newest: (records,
-    // bytes they span) of each.
-    let mut scans = Vec::with_capacity(bases.len());
-    for base in &bases {
-        let path = segment_path(dir, *base);
-        let scanned = File::open(&path).and_then(|mut file| scan(&mut file, *base));
-        scans.push(
-            scanned.map_err(|e| StoreError::io(&format!("cannot read {}", path.display()), &e))?,
-        );
-    }
-    // An empty newest segment whose predecessor goes on past its base is the leftover of
-    // a roll that failed half-way (older versions created the new file first): it is not
-    // a segment, and keeping it would let `release` delete the records it claims to start.
-    while bases.len() >= 2 {
-        let last = bases.len() - 1;
-        if scans[last].0 != 0 || bases[last - 1] + scans[last - 1].0 <= bases[last] {
-            break;
-        }
-        let path = segment_path(dir, bases[last]);
-        tracing::warn!(path = %path.display(), "removing an empty segment left by a failed roll");
-        fs::remove_file(&path)
-            .map_err(|e| StoreError::io(&format!("cannot remove {}", path.display()), &e))?;
-        bases.pop();
-        scans.pop();
-    }
-    for i in 1..bases.len() {
-        let (base, next) = (bases[i - 1], bases[i]);
-        let end = base + scans[i - 1].0;
-        if end < next {
-            // Records that were durable before their successor existed do not vanish on
-            // their own: the disk lost or damaged them. Say which; readers skip them.
-            tracing::error!(
-                path = %segment_path(dir, base).display(),
-                lost_from = end,
-                lost_to = next,
-                "a log segment is damaged: records from `lost_from` up to `lost_to` cannot be read and will be skipped"
-            );
-        } else if end > next {
-            tracing::error!(
-                path = %segment_path(dir, base).display(),
-                next_segment = next,
-                "a log segment goes on past the start of the next one; readers follow the next segment"
-            );
-        }
-    }
-    if bases.is_empty() {
-        bases.push(0);
-        scans.push((0, 0));
-    }
-    let last = bases.len() - 1;
-    let (base, (count, valid_len)) = (bases[last], scans[last]);
-    let path = segment_path(dir, base);
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| StoreError::io(&format!("cannot open {}", path.display()), &e))?;
-    let len = file
-        .metadata()
-        .map_err(|e| StoreError::io("cannot stat a segment", &e))?
-        .len();
-    if valid_len < len {
-        let zeros = only_zeros(&file, valid_len)
-            .map_err(|e| StoreError::io(&format!("cannot read {}", path.display()), &e))?;
-        if !zeros {
-            tracing::warn!(
-                path = %path.display(),
-                dropped_bytes = len - valid_len,
-                "cutting off a record torn by a crash (it was never acknowledged)"
-            );
-        }
-        file.set_len(valid_len)
-            .and_then(|_| file.sync_all())
-            .map_err(|e| StoreError::io("cannot truncate a torn segment", &e))?;
-    }
-    sync_dir(dir).map_err(|e| StoreError::io("cannot sync a shard directory", &e))?;
-    Ok(Recovered {
-        file,
-        file_len: valid_len,
-        next_seq: base + count,
-        bases,
-    })
-}
-
-/// Counts the valid records of a segment from its start; returns (records, bytes they span).
-fn scan(file: &mut File, base: Seq) -> std::io::Result<(u64, u64)> {
-    file.seek(SeekFrom::Start(0))?;
-    let mut reader = BufReader::with_capacity(1 << 20, &*file);
-    let mut count = 0u64;
-    let mut offset = 0u64;
-    let mut payload = Vec::new();
-    loop {
-        match read_record(&mut reader, &mut payload) {
-            Ok(Some(seq)) if seq == base + count => {
-                count += 1;
-                offset += (HEADER + payload.len()) as u64;
-            }
-            Ok(_) => break,
-            Err(e)
-                if e.kind() == ErrorKind::InvalidData || e.kind() == ErrorKind::UnexpectedEof =>
-            {
-                break
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok((count, offset))
-}
-
-/// Reads one record into `payload`. `Ok(None)` at a clean end of file; `InvalidData` for a
-/// bad checksum or length; `UnexpectedEof` for a record cut short.
-pub(crate) fn read_record(
-    reader: &mut impl Read,
-    payload: &mut Vec<u8>,
-) -> std::io::Result<Option<Seq>> {
-    let mut header = [0u8; HEADER];
-    let mut filled = 0;
-    while filled < HEADER {
-        match reader.read(&mut header[filled..]) {
-            Ok(0) if filled == 0 => return Ok(None),
-            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
-    let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-    let seq_bytes: [u8; 8] = [
-        header[8], header[9], header[10], header[11], header[12], header[13], header[14],
-        header[15],
-    ];
-    if len > MAX_RECORD {
-        return Err(std::io::Error::new(
-            ErrorKind::InvalidData,
-            "record length out of range",
-        ));
-    }
-    payload.resize(len as usize, 0);
-    reader.read_exact(payload)?;
-    let mut hasher = crc32fast::Hasher::new();
-    hasher.update(&seq_bytes);
-    hasher.update(payload);
-    if hasher.finalize() != crc {
-        return Err(std::io::Error::new(
-            ErrorKind::InvalidData,
-            "record checksum mismatch",
-        ));
-    }
-    Ok(Some(u64::from_le_bytes(seq_bytes)))
-}
-
-/// A record on disk: length, CRC (of seq and stored form), seq, then the stored form (the
-/// acceptance time and the event, see `store::write_stamped`).
-pub(crate) fn encode_record(buf: &mut Vec<u8>, seq: Seq, accepted_ms: u64, payload: &[u8]) {
-    let seq_bytes = seq.to_le_bytes();
-    let start = buf.len();
-    buf.extend_from_slice(&[0u8; HEADER]);
-    crate::store::write_stamped(buf, accepted_ms, payload);
-    let stored = &buf[start + HEADER..];
-    let mut hasher = crc32fast::Hasher::new();
-    hasher.update(&seq_bytes);
-    hasher.update(stored);
-    let len = (stored.len() as u32).to_le_bytes();
-    let crc = hasher.finalize().to_le_bytes();
-    buf[start..start + 4].copy_from_slice(&len);
-    buf[start + 4..start + 8].copy_from_slice(&crc);
-    buf[start + 8..start + HEADER].copy_from_slice(&seq_bytes);
-}
-
-/// Writes zeros over `[from, to)` of the file.
-fn zero_fill(file: &File, from: u64, to: u64) -> std::io::Result<()> {
-    static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
-    let mut at = from;
-    while at < to {
-        let n = (to - at).min(ZEROS.len() as u64) as usize;
-        file.write_all_at(&ZEROS[..n], at)?;
-        at += n as u64;
-    }
-    Ok(())
-}
-
-/// Whether everything from `from` to the end of the file is zero (preallocated space).
-fn only_zeros(file: &File, from: u64) -> std::io::Result<bool> {
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut at = from;
-    loop {
-        let n = file.read_at(&mut buf, at)?;
-        if n == 0 {
-            return Ok(true);
-        }
-        if buf[..n].iter().any(|b| *b != 0) {
-            return Ok(false);
-        }
-        at += n as u64;
-    }
-}
-
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-struct EmbeddedReader {
-    bus: String,
-    shard: u32,
-    dir: PathBuf,
-    segments: Segments,
-    cache: Arc<Mutex<Cache>>,
-    tail: watch::Receiver<Seq>,
-    next: Seq,
-    /// Positioned file reader for records no longer cached; opened on demand.
-    file: Option<ReadState>,
-    /// Most payload bytes one read returns (at least one record).
-    max_bytes: usize,
-}
-
-impl EmbeddedReader {
-    /// Records `[next, limit)` from the cache, if it still holds `next`.
-    fn cached(&self, limit: Seq) -> Option<Vec<Record>> {
-        let cache = lock(&self.cache);
-        let front = cache.records.front()?.0;
-        if self.next < front || self.next < cache.first {
-            return None;
-        }
-        let start = usize::try_from(self.next - front).ok()?;
-        let mut bytes = 0;
-        let records: Vec<Record> = cache
-            .records
-            .iter()
-            .skip(start)
-            .take_while(|(seq, _, payload)| {
-                let room = bytes < self.max_bytes;
-                bytes += payload.len().max(1);
-                *seq < limit && room
-            })
-            .map(|(seq, accepted_ms, payload)| Record {
-                seq: *seq,
-                payload: payload.clone(),
-                accepted_ms: *accepted_ms,
-            })
-            .collect();
-        (!records.is_empty()).then_some(records)
-    }
-}
-
-struct ReadState {
-    dir: PathBuf,
-    segments: Segments,
-    file: BufReader<File>,
-    next: Seq,
-    payload: Vec<u8>,
-}
-
-impl ReadState {
-    fn open(
-        bus: &str,
-        shard: u32,
-        dir: PathBuf,
-        segments: Segments,
-        tail: Seq,
-        from: Seq,
-    ) -> Result<ReadState, StoreError> {
-        let bases = segments.lock().map_err(poisoned)?.clone();
-        let oldest = bases.first().copied().unwrap_or(0);
-        let start = if from < oldest {
-            tracing::warn!(
-                bus,
-                shard,
-                from,
-                oldest,
-                "position is older than the log; starting at its oldest record"
-            );
-            oldest
-        } else if from > tail {
-            tracing::warn!(
-                bus,
-                shard,
-                from,
-                tail,
-                "position is past the end of the log; starting at its end"
-            );
-            tail
-        } else {
-            from
-        };
-        let base = bases
-            .iter()
-            .rev()
-            .find(|b| **b <= start)
-            .copied()
-            .unwrap_or(oldest);
-        let mut state = ReadState {
-            file: open_segment(&dir, base)?,
-            dir,
-            segments,
-            next: base,
-            payload: Vec::new(),
-        };
-        state.skip_to(start)?;
-        Ok(state)
-    }
-
-    fn skip_to(&mut self, target: Seq) -> Result<(), StoreError> {
-        while self.next < target {
-            let mut header = [0u8; HEADER];
-            let skipped = self.file.read_exact(&mut header).and_then(|()| {
-                let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
-                self.file.seek_relative(i64::from(len))
-            });
-            match skipped {
-                Err(e) if damaged(&e) => self.skip_lost(&e.to_string())?,
-                Err(e) => return Err(StoreError::io("seeking in a segment", &e)),
-                Ok(()) => self.next += 1,
-            }
-        }
-        Ok(())
-    }
-
-    /// The records from `next` to the end of its segment cannot be read (recovery logged
-    /// the damage): goes on at the next segment, if there is one, so one damaged segment
-    /// cannot stall a subscription forever. Within the newest segment it is an error.
-    fn skip_lost(&mut self, why: &str) -> Result<(), StoreError> {
-        let next_base = self
-            .segments
-            .lock()
-            .map_err(poisoned)?
-            .iter()
-            .copied()
-            .find(|b| *b > self.next);
-        let Some(next_base) = next_base else {
-            return Err(StoreError::Corrupt(format!("record {}: {why}", self.next)));
-        };
-        tracing::error!(
-            lost_from = self.next,
-            lost_to = next_base,
-            reason = why,
-            "skipping records a damaged log segment lost"
-        );
-        self.file = open_segment(&self.dir, next_base)?;
-        self.next = next_base;
-        Ok(())
-    }
-
-    /// Up to `max` records, stopping once they hold `max_bytes` of payload (so the last
-    /// one may go past it).
-    fn read(
-        &mut self,
-        max: usize,
-        max_bytes: usize,
-        limit: Seq,
-    ) -> Result<Vec<Record>, StoreError> {
-        let mut records = Vec::new();
-        let mut bytes = 0;
-        while records.len() < max && self.next < limit && bytes < max_bytes {
-            match read_record(&mut self.file, &mut self.payload) {
-                Ok(Some(seq)) if seq == self.next => {
-                    bytes += self.payload.len().max(1);
-                    records.push(Record::from_stored(
-                        seq,
-                        Bytes::copy_from_slice(&self.payload),
-                    ));
-                    self.next += 1;
-                }
-                Ok(Some(seq)) => {
-                    self.skip_lost(&format!("found record {seq} in its place"))?;
-                }
-                // The end of a segment below the tail: the next segment starts here.
-                Ok(None) => {
-                    let next_segment = self.segments.lock().map_err(poisoned)?.contains(&self.next);
-                    if next_segment {
-                        self.file = open_segment(&self.dir, self.next)?;
-                    } else {
-                        self.skip_lost("the segment ends before it")?;
-                    }
-                }
-                Err(e) if damaged(&e) => self.skip_lost(&e.to_string())?,
-                Err(e) => return Err(StoreError::io("reading a segment", &e)),
-            }
-        }
-        Ok(records)
-    }
-}
-
-/// A record that does not check out (as opposed to a failing read).
-fn damaged(e: &std::io::Error) -> bool {
-    matches!(e.kind(), ErrorKind::InvalidData | ErrorKind::UnexpectedEof)
-}
-
-fn open_segment(dir: &Path, base: Seq) -> Result<BufReader<File>, StoreError> {
-    let path = segment_path(dir, base);
-    File::open(&path)
-        .map(|f| BufReader::with_capacity(256 * 1024, f))
-        .map_err(|e| StoreError::io(&format!("cannot open {}", path.display()), &e))
-}
-
-#[async_trait]
-impl ShardReader for EmbeddedReader {
-    fn set_max_bytes(&mut self, bytes: usize) {
-        self.max_bytes = bytes.max(1);
-    }
-
-    async fn read(&mut self, max: usize) -> Result<Vec<Record>, StoreError> {
-        let tail = *self.tail.borrow();
-        if self.next >= tail {
-            return Ok(Vec::new());
-        }
-        let limit = tail.min(self.next.saturating_add(max as Seq));
-        if let Some(records) = self.cached(limit) {
-            self.next = records.last().map_or(self.next, |r| r.seq + 1);
-            return Ok(records);
-        }
-        // Behind the cache: read the segment files, off the async threads.
-        let state = match self.file.take() {
-            Some(state) if state.next == self.next => state,
-            _ => {
-                let (bus, shard, dir, segments, from) = (
-                    self.bus.clone(),
-                    self.shard,
-                    self.dir.clone(),
-                    self.segments.clone(),
-                    self.next,
-                );
-                tokio::task::spawn_blocking(move || {
-                    ReadState::open(&bus, shard, dir, segments, tail, from)
-                })
-                .await
-                .map_err(|e| StoreError::Unavailable(format!("reader task failed: {e}")))??
-            }
-        };
-        // Up to the tail, not `limit`: skipping a damaged stretch moves past `next + max`.
-        let max_bytes = self.max_bytes;
-        let (state, result) = tokio::task::spawn_blocking(move || {
-            let mut state = state;
-            let result = state.read(max, max_bytes, tail);
-            (state, result)
-        })
-        .await
-        .map_err(|e| StoreError::Unavailable(format!("read task failed: {e}")))?;
-        self.next = state.next;
-        self.file = Some(state);
-        result
-    }
-
-    async fn read_wait(&mut self, max: usize, wait: Duration) -> Result<Vec<Record>, StoreError> {
-        let records = self.read(max).await?;
-        if !records.is_empty() {
-            return Ok(records);
-        }
-        let next = self.next;
-        let waited = tokio::time::timeout(wait, self.tail.wait_for(|tail| *tail > next))
-            .await
-            .map(|r| r.is_ok());
-        match waited {
-            Ok(true) => self.read(max).await,
-            // The log is closing: nothing more will come.
-            Ok(false) => {
-                tokio::time::sleep(wait).await;
-                Ok(Vec::new())
-            }
-            Err(_) => Ok(Vec::new()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::embedded::segment::HEADER;
 
     fn options(segment_bytes: u64) -> LogOptions {
         LogOptions {
@@ -1055,9 +533,7 @@ mod tests {
             vec![0, 0, 2]
         );
         for i in 0..20 {
-            log.append(vec![append(0, &[&format!("event-{i}")])]).await[0]
-                .as_ref()
-                .unwrap();
+            append_one(&log, &[&format!("event-{i}")]).await;
         }
         assert_eq!(*log.tail(0).borrow(), 23);
         assert!(
@@ -1082,51 +558,33 @@ mod tests {
         assert_eq!(read_all(&log, 0, 20).await.len(), 3);
     }
 
-    #[tokio::test]
-    async fn torn_tail_is_cut_off_on_recovery() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let log = EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap();
-            log.append(vec![append(0, &["one", "two"])]).await[0]
-                .as_ref()
-                .unwrap();
-            log.close().await;
-        }
-        let segment = segment_path(&dir.path().join("shard-0"), 0);
-        use std::io::Write;
-        let mut f = OpenOptions::new().append(true).open(&segment).unwrap();
-        // Half a header and a garbage record: what a crash mid-write leaves.
-        f.write_all(&[9, 0, 0, 0, 1, 2]).unwrap();
-        drop(f);
-        let log = EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap();
-        assert_eq!(*log.tail(0).borrow(), 2);
-        log.append(vec![append(0, &["three"])]).await[0]
-            .as_ref()
-            .unwrap();
-        let all = read_all(&log, 0, 0).await;
-        assert_eq!(
-            all.into_iter().map(|(_, p)| p).collect::<Vec<_>>(),
-            vec!["one", "two", "three"]
-        );
+    fn open_one(dir: &Path) -> EmbeddedLog {
+        EmbeddedLog::open("b", dir, 1, &options(1 << 20)).unwrap()
     }
 
-    #[tokio::test]
-    async fn a_crash_leaves_zero_filled_space_that_recovery_ignores() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let log = EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap();
-            log.append(vec![append(0, &["one", "two"])]).await[0]
-                .as_ref()
-                .unwrap();
-            // Dropped without close, as by SIGKILL: the file still has its zeroed chunk.
-        }
-        let segment = segment_path(&dir.path().join("shard-0"), 0);
-        assert!(fs::metadata(&segment).unwrap().len() >= PREALLOCATE);
-        let log = EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap();
-        assert_eq!(*log.tail(0).borrow(), 2);
-        log.append(vec![append(0, &["three"])]).await[0]
+    async fn append_one(log: &EmbeddedLog, payloads: &[&str]) {
+        log.append(vec![append(0, payloads)]).await[0]
             .as_ref()
             .unwrap();
+    }
+
+    /// Writes `payloads` to a new one-shard log in `dir`, closed or (`close` false) dropped
+    /// as by SIGKILL; the path of its segment.
+    async fn write_one_segment(dir: &Path, payloads: &[&str], close: bool) -> PathBuf {
+        let log = open_one(dir);
+        append_one(&log, payloads).await;
+        if close {
+            log.close().await;
+        }
+        segment_path(&dir.join("shard-0"), 0)
+    }
+
+    /// Reopens the log of [`write_one_segment`]: it must recover `one` and `two` (and
+    /// nothing after them), and take `three` next.
+    async fn assert_recovers_one_two(dir: &Path) {
+        let log = open_one(dir);
+        assert_eq!(*log.tail(0).borrow(), 2);
+        append_one(&log, &["three"]).await;
         let all: Vec<String> = read_all(&log, 0, 0)
             .await
             .into_iter()
@@ -1136,37 +594,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn torn_tail_is_cut_off_on_recovery() {
+        let dir = tempfile::tempdir().unwrap();
+        let segment = write_one_segment(dir.path(), &["one", "two"], true).await;
+        use std::io::Write;
+        let mut f = OpenOptions::new().append(true).open(&segment).unwrap();
+        // Half a header and a garbage record: what a crash mid-write leaves.
+        f.write_all(&[9, 0, 0, 0, 1, 2]).unwrap();
+        drop(f);
+        assert_recovers_one_two(dir.path()).await;
+    }
+
+    #[tokio::test]
+    async fn a_crash_leaves_zero_filled_space_that_recovery_ignores() {
+        let dir = tempfile::tempdir().unwrap();
+        // Dropped without close, as by SIGKILL: the file still has its zeroed chunk.
+        let segment = write_one_segment(dir.path(), &["one", "two"], false).await;
+        assert!(fs::metadata(&segment).unwrap().len() >= PREALLOCATE);
+        assert_recovers_one_two(dir.path()).await;
+    }
+
+    #[tokio::test]
     async fn corrupt_checksum_stops_recovery_at_that_record() {
         let dir = tempfile::tempdir().unwrap();
-        {
-            let log = EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap();
-            log.append(vec![append(0, &["aaaa", "bbbb"])]).await[0]
-                .as_ref()
-                .unwrap();
-            log.close().await;
-        }
-        let segment = segment_path(&dir.path().join("shard-0"), 0);
+        let segment = write_one_segment(dir.path(), &["aaaa", "bbbb"], true).await;
         let mut bytes = fs::read(&segment).unwrap();
         let last = bytes.len() - 1;
         bytes[last] ^= 0xff;
         fs::write(&segment, bytes).unwrap();
-        let log = EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap();
+        let log = open_one(dir.path());
         assert_eq!(*log.tail(0).borrow(), 1);
     }
 
     #[tokio::test]
     async fn concurrent_appends_share_flushes_and_stay_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let log =
-            std::sync::Arc::new(EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap());
+        let log = std::sync::Arc::new(open_one(dir.path()));
         let mut tasks = Vec::new();
         for t in 0..8 {
             let log = log.clone();
             tasks.push(tokio::spawn(async move {
                 for i in 0..50 {
-                    log.append(vec![append(0, &[&format!("{t}-{i}")])]).await[0]
-                        .as_ref()
-                        .unwrap();
+                    append_one(&log, &[&format!("{t}-{i}")]).await;
                 }
             }));
         }
@@ -1195,8 +664,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_flush_fails_every_waiting_appender_and_fences_the_log() {
         let dir = tempfile::tempdir().unwrap();
-        let log =
-            std::sync::Arc::new(EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap());
+        let log = std::sync::Arc::new(open_one(dir.path()));
         log.fail_syncs.store(1, Ordering::SeqCst);
         let mut tasks = Vec::new();
         for t in 0..8 {
@@ -1227,20 +695,16 @@ mod tests {
         drop(log);
         // A restart re-verifies the segment: what made it to disk is kept (never
         // acknowledged, so delivering it is at-least-once, not a lie).
-        let log = EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap();
+        let log = open_one(dir.path());
         assert!(log.healthy());
-        log.append(vec![append(0, &["after restart"])]).await[0]
-            .as_ref()
-            .unwrap();
+        append_one(&log, &["after restart"]).await;
     }
 
     #[tokio::test]
     async fn a_roll_that_cannot_finish_the_old_segment_fences_and_creates_no_new_one() {
         let dir = tempfile::tempdir().unwrap();
         let log = EmbeddedLog::open("b", dir.path(), 1, &options(64)).unwrap();
-        log.append(vec![append(0, &["first"])]).await[0]
-            .as_ref()
-            .unwrap();
+        append_one(&log, &["first"]).await;
         log.fail_syncs.store(1, Ordering::SeqCst);
         // 16 bytes of header each: this append crosses 64 bytes and rolls.
         let result = log
@@ -1262,25 +726,21 @@ mod tests {
     async fn recovery_drops_an_empty_segment_left_by_a_failed_roll() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let log = EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap();
-            log.append(vec![append(0, &["one", "two", "three"])]).await[0]
-                .as_ref()
-                .unwrap();
+            let log = open_one(dir.path());
+            append_one(&log, &["one", "two", "three"]).await;
             log.close().await;
         }
         // What the old roll order could leave: the next segment created (at record 1) while
         // records went on into the old one.
         let shard = dir.path().join("shard-0");
         File::create(segment_path(&shard, 1)).unwrap();
-        let log = EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap();
+        let log = open_one(dir.path());
         assert_eq!(*log.tail(0).borrow(), 3);
         assert!(!segment_path(&shard, 1).exists());
         // With the bogus segment kept, this release would delete records 1 and 2.
         log.release(0, 2).await.unwrap();
         assert_eq!(read_all(&log, 0, 1).await.len(), 2);
-        log.append(vec![append(0, &["four"])]).await[0]
-            .as_ref()
-            .unwrap();
+        append_one(&log, &["four"]).await;
         assert_eq!(read_all(&log, 0, 0).await.len(), 4);
     }
 
@@ -1339,7 +799,7 @@ mod tests {
     #[tokio::test]
     async fn a_record_over_the_store_limit_is_refused_and_nothing_is_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let log = EmbeddedLog::open("b", dir.path(), 1, &options(1 << 20)).unwrap();
+        let log = open_one(dir.path());
         let huge = Bytes::from(vec![b'x'; crate::store::MAX_RECORD_BYTES + 1]);
         let result = log
             .append(vec![ShardAppend {
@@ -1354,9 +814,7 @@ mod tests {
         );
         assert_eq!(*log.tail(0).borrow(), 0, "no record of the refused append");
         assert!(log.healthy() && log.write_problem().is_none());
-        log.append(vec![append(0, &["next"])]).await[0]
-            .as_ref()
-            .unwrap();
+        append_one(&log, &["next"]).await;
         assert_eq!(read_all(&log, 0, 0).await, vec![(0, "next".to_string())]);
     }
 }

@@ -12,16 +12,22 @@
 //! directory it creates is 0700 ([`create_private`], [`create_private_dirs`]); files and
 //! directories of the store left looser by older versions are tightened at start.
 
+mod dedup;
+mod files;
 mod log;
 mod positions;
+mod reader;
+mod segment;
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
-/// The record codec, for the fuzz targets (`crate::fuzzing`).
-pub(crate) use log::{encode_record, read_record, HEADER, MAX_RECORD};
+pub use dedup::MemoryDedup;
+pub(crate) use files::{create_private, create_private_dirs};
 pub use log::{EmbeddedLog, LogOptions};
 pub use positions::EmbeddedPositions;
+/// The record codec, for the fuzz targets (`crate::fuzzing`).
+pub(crate) use segment::{encode_record, read_record, HEADER, MAX_RECORD};
 use serde::{Deserialize, Serialize};
 
 use crate::store::StoreError;
@@ -119,31 +125,6 @@ impl DataDir {
     }
 }
 
-/// Creates (or truncates) a file of the data directory, readable by its owner only; a file
-/// left by an older version with a looser mode is tightened.
-pub(crate) fn create_private(path: &Path) -> std::io::Result<File> {
-    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
-    let file = File::options()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    if file.metadata()?.permissions().mode() & 0o077 != 0 {
-        file.set_permissions(fs::Permissions::from_mode(0o600))?;
-    }
-    Ok(file)
-}
-
-/// Creates a directory and its missing parents with mode 0700.
-pub(crate) fn create_private_dirs(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt as _;
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(path)
-}
-
 /// The gateway's own files at the top of the data directory (besides `buses/`): the catalog,
 /// positions, worker id, dedup records, generated admin token and their asides. (Only these
 /// are tightened at start: a file target's output there keeps the mode it was given.)
@@ -238,7 +219,7 @@ pub fn bus_shards(data_dir: &Path, bus: &str) -> Result<Option<u32>, StoreError>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Durability;
+    use crate::store::Durability;
 
     #[test]
     fn second_process_is_refused_and_shard_count_is_fixed() {

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use crate::store::cluster::Lease;
+use crate::store::embedded::files::create_private;
 use crate::store::{GroupPositions, PositionStore, Seq, StoreError};
 use serde::{Deserialize, Serialize};
 
@@ -274,7 +275,7 @@ fn write_atomically<T: Serialize>(path: &Path, value: &T) -> Result<(), StoreErr
     let bytes = serde_json::to_vec(value)
         .map_err(|e| StoreError::Unavailable(format!("cannot encode positions: {e}")))?;
     let io = |e: std::io::Error| StoreError::io(&format!("cannot write {}", path.display()), &e);
-    let mut file = super::create_private(&tmp).map_err(io)?;
+    let mut file = create_private(&tmp).map_err(io)?;
     file.write_all(&bytes).map_err(io)?;
     file.sync_all().map_err(io)?;
     fs::rename(&tmp, path).map_err(io)?;

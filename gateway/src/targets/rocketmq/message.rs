@@ -17,8 +17,8 @@ use rocketmq_model::common::message::message_client_id_setter::MessageClientIDSe
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::common::message::MessageTrait;
 
-use super::RocketMqConfig;
-use crate::targets::{attribute, attributes, data_bytes, Envelope, TargetError};
+use crate::targets::config::RocketMqConfig;
+use crate::targets::target::{attribute, attributes, data_bytes, Envelope, TargetError};
 
 /// Most bytes of properties one message carries. The batch format stores their length in a
 /// signed 16-bit field and the broker refuses more than 32 KiB; the rest is left for what

@@ -32,113 +32,11 @@ use rocketmq_client_rust::{
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::result::SendStatus;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{OnceCell, Semaphore};
 
-use super::{Envelope, Target, TargetError};
-use crate::config::{DeadLetterConfig, RetryConfig};
+use crate::targets::config::RocketMqConfig;
+use crate::targets::target::{Envelope, Target, TargetError};
 use queues::{QueueMap, Route, Seen};
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RocketMqConfig {
-    pub name: String,
-    /// `host:port` of the name server(s), `;`-separated.
-    pub name_server: String,
-    pub topic: String,
-    /// Attribute whose value becomes the message tag (absent attribute: no tag).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tag_attribute: Option<String>,
-    /// A fixed tag, when `tag_attribute` is not set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tag: Option<String>,
-    /// Attribute whose value becomes the message key (default `id`).
-    #[serde(default = "defaults::keys_attribute")]
-    pub keys_attribute: String,
-    /// Attribute choosing the queue: same value, same queue, in order (default
-    /// `partitionkey`; events without it are spread by id).
-    #[serde(default = "defaults::partition_key_attribute")]
-    pub partition_key_attribute: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub producer_group: Option<String>,
-    /// Most messages in one batch send.
-    #[serde(default = "defaults::max_batch")]
-    pub max_batch: usize,
-    /// Most bytes (bodies and properties) in one batch send.
-    #[serde(default = "defaults::max_batch_bytes")]
-    pub max_batch_bytes: usize,
-    /// Batches in flight at once across this target's tasks.
-    #[serde(default = "defaults::max_in_flight")]
-    pub max_in_flight: usize,
-    #[serde(
-        default = "defaults::send_timeout",
-        deserialize_with = "crate::config::duration",
-        serialize_with = "crate::runtime::delivery::ser_duration"
-    )]
-    pub send_timeout: Duration,
-    #[serde(default)]
-    pub retry: RetryConfig,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dead_letter: Option<DeadLetterConfig>,
-    /// The transform chain applied to events before this target (a step or a list).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transform: Option<toml::Value>,
-}
-
-mod defaults {
-    use std::time::Duration;
-    pub(super) fn keys_attribute() -> String {
-        "id".to_string()
-    }
-    pub(super) fn partition_key_attribute() -> String {
-        "partitionkey".to_string()
-    }
-    pub(super) fn max_batch() -> usize {
-        100
-    }
-    pub(super) fn max_batch_bytes() -> usize {
-        1024 * 1024
-    }
-    pub(super) fn max_in_flight() -> usize {
-        8
-    }
-    pub(super) fn send_timeout() -> Duration {
-        Duration::from_secs(3)
-    }
-}
-
-impl RocketMqConfig {
-    pub fn check(&self) -> Result<(), String> {
-        if self.name_server.trim().is_empty() {
-            return Err("`name_server` is empty".to_string());
-        }
-        let topic_ok = !self.topic.is_empty()
-            && self.topic.len() <= 127
-            && self
-                .topic
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '%' | '|'));
-        if !topic_ok {
-            return Err(format!(
-                "topic `{}` must be 1 to 127 characters of letters, digits, `-`, `_`, `%`, `|`",
-                self.topic
-            ));
-        }
-        if self.tag.is_some() && self.tag_attribute.is_some() {
-            return Err("set `tag` or `tag_attribute`, not both".to_string());
-        }
-        if self.max_batch == 0 || self.max_batch > 1000 {
-            return Err("`max_batch` must be between 1 and 1000".to_string());
-        }
-        if self.max_in_flight == 0 {
-            return Err("`max_in_flight` must be greater than zero".to_string());
-        }
-        if self.max_batch_bytes < 1024 || self.max_batch_bytes > 4 * 1024 * 1024 {
-            return Err("`max_batch_bytes` must be between 1 KiB and 4 MiB".to_string());
-        }
-        Ok(())
-    }
-}
 
 /// How long starting the producer may take before the attempt is given up.
 const PRODUCER_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
