@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end target throughput: into RocketMQ and into an HTTP receiver, each as a share of
-# the peer's own capacity measured in the same run. Needs `make rocketmq` (the Makefile's
-# bench-targets target runs this). SLUICE_BENCH_EVENTS sets the event count (default 20000).
+# the peer's own capacity measured in the same run. Needs an optimised broker, `make rocketmq-bench`
+# (the Makefile's bench-targets target builds it and runs this). SLUICE_BENCH_EVENTS sets the event count (default 20000).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release -p sluice-gateway

@@ -147,19 +147,15 @@ impl Receiver {
         limit: Duration,
         pred: impl Fn(&[Received]) -> bool,
     ) -> Vec<Received> {
-        let deadline = Instant::now() + limit;
-        loop {
-            let received = self.received();
-            if pred(&received) {
-                return received;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "receiver condition not met after {limit:?}; {} requests received",
-                received.len()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let read = || self.received();
+        crate::wait_list(
+            limit,
+            Duration::from_millis(20),
+            read,
+            pred,
+            "requests received",
+        )
+        .await
     }
 }
 
@@ -404,18 +400,14 @@ impl HyperReceiver {
 
     /// Waits until `n` requests arrived, or panics after `limit`.
     pub async fn wait_requests(&self, n: usize, limit: Duration) -> (usize, usize, usize) {
-        let deadline = Instant::now() + limit;
-        loop {
-            let counts = self.counts();
-            if counts.0 >= n {
-                return counts;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "received {counts:?} of {n} requests in {limit:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        crate::wait_until(
+            limit,
+            Duration::from_millis(20),
+            || self.counts(),
+            |counts| counts.0 >= n,
+            |counts| format!("received {counts:?} of {n} requests"),
+        )
+        .await
     }
 }
 

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -19,13 +19,35 @@ use tempfile::TempDir;
 
 use crate::free_port;
 
+/// Starts `rocketmq-{what}-rust` of `bin` in `home` with `args`, its output appended to
+/// `{what}.log` / `{what}.err` there.
+fn launch(home: &Path, bin: &Path, what: &str, args: &[&str]) -> Child {
+    let log = |name: String| {
+        fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(home.join(name))
+            .expect("log file")
+    };
+    Command::new(bin.join(format!("rocketmq-{what}-rust")))
+        .args(args)
+        .env("ROCKETMQ_HOME", home)
+        .env("ROCKETMQ_SECURITY_PROFILE", "development-insecure-loopback")
+        .current_dir(home)
+        .stdin(Stdio::null())
+        .stdout(log(format!("{what}.log")))
+        .stderr(log(format!("{what}.err")))
+        .spawn()
+        .unwrap_or_else(|e| panic!("start rocketmq-{what}-rust: {e}"))
+}
+
 /// Where the name server and broker binaries are.
 pub fn rocketmq_bin() -> PathBuf {
     let dir = std::env::var("SLUICE_ROCKETMQ_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|_| {
             PathBuf::from(std::env::var("HOME").unwrap_or_default())
-                .join(".cache/sluice/rocketmq-1.0.0/bin")
+                .join(".cache/sluice/rocketmq-1.0.0-dev/bin")
         });
     for bin in ["rocketmq-namesrv-rust", "rocketmq-broker-rust"] {
         assert!(
@@ -157,23 +179,19 @@ mappedFileSizeCommitLog = 67108864
             ),
         )
         .expect("broker.toml");
-        let log = |name: &str| fs::File::create(home.join(name)).expect("log file");
-        let namesrv = Command::new(bin.join("rocketmq-namesrv-rust"))
-            .args([
+        let namesrv = launch(
+            home,
+            &bin,
+            "namesrv",
+            &[
                 "-c",
                 &ns_conf.to_string_lossy(),
                 "--bindAddress",
                 "127.0.0.1",
-            ])
-            .args(["--listenPort", &namesrv_port.to_string()])
-            .env("ROCKETMQ_HOME", home)
-            .env("ROCKETMQ_SECURITY_PROFILE", "development-insecure-loopback")
-            .current_dir(home)
-            .stdin(Stdio::null())
-            .stdout(log("namesrv.log"))
-            .stderr(log("namesrv.err"))
-            .spawn()
-            .expect("start rocketmq-namesrv-rust");
+                "--listenPort",
+                &namesrv_port.to_string(),
+            ],
+        );
         let mut mq = RocketMq {
             namesrv: Some(namesrv),
             broker: None,
@@ -197,24 +215,17 @@ mappedFileSizeCommitLog = 67108864
 
     async fn try_spawn_broker(&mut self) -> Result<(), String> {
         let home = self.dir.path();
-        let log = |name: &str| {
-            fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(home.join(name))
-                .expect("log file")
-        };
-        let broker = Command::new(self.bin.join("rocketmq-broker-rust"))
-            .args(["-c", &home.join("broker.toml").to_string_lossy()])
-            .args(["-n", &self.name_server()])
-            .env("ROCKETMQ_HOME", home)
-            .env("ROCKETMQ_SECURITY_PROFILE", "development-insecure-loopback")
-            .current_dir(home)
-            .stdin(Stdio::null())
-            .stdout(log("broker.log"))
-            .stderr(log("broker.err"))
-            .spawn()
-            .expect("start rocketmq-broker-rust");
+        let broker = launch(
+            home,
+            &self.bin,
+            "broker",
+            &[
+                "-c",
+                &home.join("broker.toml").to_string_lossy(),
+                "-n",
+                &self.name_server(),
+            ],
+        );
         self.broker = Some(broker);
         self.try_wait_port(self.broker_port, "broker").await
     }
@@ -223,11 +234,7 @@ mappedFileSizeCommitLog = 67108864
     /// (30 s at most) and starts it again on the same store.
     pub async fn restart_broker(&mut self) {
         let mut broker = self.broker.take().expect("the broker is running");
-        let status = Command::new("kill")
-            .args(["-TERM", &broker.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success());
+        crate::send_signal(broker.id(), "TERM");
         let deadline = Instant::now() + Duration::from_secs(30);
         while broker.try_wait().expect("wait for the broker").is_none() {
             if Instant::now() > deadline {

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use sluice_tests::{client, post, sluice_bin, RedisServer, Sluice};
 
@@ -22,6 +22,14 @@ async fn catalog_version(sluice: &Sluice, token: Option<&str>) -> u64 {
 }
 
 /// The status and problem of an answer.
+/// `GET /api/v1/catalog` with `token`: it must answer 200.
+async fn assert_admitted(sluice: &Sluice, token: &str) {
+    let request = client()
+        .get(sluice.url("/api/v1/catalog"))
+        .bearer_auth(token);
+    sluice_tests::send_expecting(request, 200).await;
+}
+
 async fn problem(response: reqwest::Response) -> (StatusCode, Value) {
     let status = response.status();
     let body = response.json().await.unwrap_or(Value::Null);
@@ -123,27 +131,29 @@ async fn the_cross_site_catalog_takeover_is_refused_and_changes_nothing() {
         assert_eq!(problem["field"], field, "{headers:?}: {problem}");
     }
     // The other state-changing routes are guarded the same way (a body-less action too).
-    let delete = client()
-        .delete(sluice.url("/api/v1/buses/default/rules/all-events"))
-        .header("origin", "https://evil.example")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(delete.status(), 403);
-    let pause = client()
-        .post(sluice.url("/api/v1/connectors/default/all-events/delivered/pause"))
-        .header("sec-fetch-site", "cross-site")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(pause.status(), 403);
-    let alias = client()
-        .post(sluice.url("/admin/connectors/default/all-events/delivered/pause"))
-        .header("origin", "https://evil.example")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(alias.status(), 403);
+    let evil = ("origin", "https://evil.example");
+    for (method, path, (header, value)) in [
+        (
+            Method::DELETE,
+            "/api/v1/buses/default/rules/all-events",
+            evil,
+        ),
+        (
+            Method::POST,
+            "/api/v1/connectors/default/all-events/delivered/pause",
+            ("sec-fetch-site", "cross-site"),
+        ),
+        (
+            Method::POST,
+            "/admin/connectors/default/all-events/delivered/pause",
+            evil,
+        ),
+    ] {
+        let request = client()
+            .request(method, sluice.url(path))
+            .header(header, value);
+        sluice_tests::send_expecting(request, 403).await;
+    }
     // A preflight gets no CORS permission.
     let preflight = client()
         .request(reqwest::Method::OPTIONS, &apply)
@@ -227,11 +237,13 @@ async fn a_rebound_host_is_refused_without_a_token_and_answered_with_one() {
 
     // With a token: any name, with the token.
     let token = "rebinding-is-no-use-without-me";
-    let guarded = Sluice::builder()
-        .admin("")
-        .env("SLUICE_ADMIN_TOKEN", token)
-        .start()
-        .await;
+    let with_token = |admin: &str| {
+        Sluice::builder()
+            .admin(admin)
+            .env("SLUICE_ADMIN_TOKEN", token)
+            .start()
+    };
+    let guarded = with_token("").await;
     let port = guarded.addr().port();
     let foreign = format!("sluice.example.net:{port}");
     let with = get(&guarded, "/api/v1/catalog", foreign.clone(), Some(token))
@@ -244,11 +256,7 @@ async fn a_rebound_host_is_refused_without_a_token_and_answered_with_one() {
     assert_eq!(without.status(), 401);
 
     // A token and a list: the list (and this gateway's own names) only.
-    let listed = Sluice::builder()
-        .admin("allowed_hosts = [\"sluice.internal\"]")
-        .env("SLUICE_ADMIN_TOKEN", token)
-        .start()
-        .await;
+    let listed = with_token("allowed_hosts = [\"sluice.internal\"]").await;
     let port = listed.addr().port();
     for (host, status) in [
         (format!("sluice.internal:{port}"), 200),
@@ -293,13 +301,7 @@ async fn without_a_token_or_the_opt_in_a_token_is_generated_and_required() {
         .unwrap();
     assert_eq!(none.status(), 401, "loopback alone is not enough any more");
     assert!(none.headers().contains_key("www-authenticate"));
-    let with = client()
-        .get(sluice.url("/api/v1/catalog"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(with.status(), 200);
+    assert_admitted(&sluice, &token).await;
     // Open routes stay open.
     for path in ["/api/v1/openapi.json", "/api/v1/scaling", "/metrics"] {
         let open = client().get(sluice.url(path)).send().await.unwrap();
@@ -337,13 +339,7 @@ async fn without_a_token_or_the_opt_in_a_token_is_generated_and_required() {
         token,
         "the kept token is reused"
     );
-    let again = client()
-        .get(sluice.url("/api/v1/catalog"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(again.status(), 200);
+    assert_admitted(&sluice, &token).await;
 }
 
 /// The local opt-in compares the canonical peer address: on a `[::]` listener 127.0.0.1
@@ -351,21 +347,11 @@ async fn without_a_token_or_the_opt_in_a_token_is_generated_and_required() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dual_stack_listener_answers_loopback_clients_with_the_opt_in() {
     let sluice = Sluice::builder().listen_ip("::").start().await;
-    let answer = client()
-        .get(sluice.url("/api/v1/catalog"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), 200);
-    let out = std::process::Command::new(sluice_bin())
-        .args(["ctl", "--server", &sluice.url(""), "get", "buses"])
-        .env_remove("SLUICE_ADMIN_TOKEN")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    sluice_tests::admin::expect(&sluice, reqwest::Method::GET, "/api/v1/catalog", 200).await;
+    sluice_tests::run_ok(
+        std::process::Command::new(sluice_bin())
+            .args(["ctl", "--server", &sluice.url(""), "get", "buses"])
+            .env_remove("SLUICE_ADMIN_TOKEN"),
     );
 }
 
@@ -420,12 +406,7 @@ async fn the_scaling_signal_reads_redis_at_most_once_a_second() {
         .await;
     let client = client();
     // Settled: the first reading made, the tasks started (they read positions too).
-    let first = client
-        .get(sluice.url("/api/v1/scaling"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(first.status(), 200);
+    sluice_tests::admin::expect(&sluice, reqwest::Method::GET, "/api/v1/scaling", 200).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let before = redis_calls(&redis.url(), "hgetall").await;
     let started = Instant::now();
@@ -435,12 +416,11 @@ async fn the_scaling_signal_reads_redis_at_most_once_a_second() {
             1 => "?target_lag=10",
             _ => "?target_lag=5&max_replicas=2",
         };
-        let answer = client
-            .get(sluice.url(&format!("/api/v1/scaling{query}")))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(answer.status(), 200);
+        let answer = sluice_tests::send_expecting(
+            client.get(sluice.url(&format!("/api/v1/scaling{query}"))),
+            200,
+        )
+        .await;
         let body: Value = answer.json().await.unwrap();
         assert!(body["desired_replicas"].is_u64(), "{body}");
     }
@@ -510,13 +490,7 @@ async fn extreme_webhook_timestamps_are_refused() {
 /// stops at start with what to set, before it touches Redis or the data directory.
 #[test]
 fn distributed_mode_needs_a_configured_token() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.toml");
-    std::fs::write(
-        &path,
-        "mode = \"distributed\"\nredis_url = \"redis://127.0.0.1:6379/\"\nredis_prefix = \"sluice-token-check\"\n",
-    )
-    .unwrap();
+    let (dir, path) = sluice_tests::config_file("mode = \"distributed\"\nredis_url = \"redis://127.0.0.1:6379/\"\nredis_prefix = \"sluice-token-check\"\n");
     let data = dir.path().join("data");
     let out = std::process::Command::new(sluice_bin())
         .args(["serve", "--config"])

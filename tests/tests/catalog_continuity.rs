@@ -8,11 +8,27 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sluice_tests::{ids, post_spread, read_jsonl, RedisServer, Sluice};
+use sluice_tests::{ids, read_jsonl, RedisServer, Sluice};
 
 /// A rule of bus `default` taking every event to `{data_dir}/{name}.jsonl`.
 fn rule(name: &str) -> serde_json::Value {
     json!({"targets": [{"type": "file", "name": "f", "path": format!("{{data_dir}}/{name}.jsonl")}]})
+}
+
+/// `PUT`s [`rule`] `name` through `replica`'s admin API (see [`change`]): 201.
+async fn put_rule(client: &reqwest::Client, replica: &Sluice, name: &str) {
+    let url = rule_url(replica, name);
+    change(client, reqwest::Method::PUT, &url, Some(rule(name)), 201).await;
+}
+
+/// `DELETE`s rule `name` through `replica`'s admin API (see [`change`]): 204.
+async fn delete_rule(client: &reqwest::Client, replica: &Sluice, name: &str) {
+    let url = rule_url(replica, name);
+    change(client, reqwest::Method::DELETE, &url, None, 204).await;
+}
+
+fn rule_url(replica: &Sluice, name: &str) -> String {
+    replica.url(&format!("/api/v1/buses/default/rules/{name}"))
 }
 
 /// Sends a change until it gets `status` (a replica reconnecting to Redis answers 503 for
@@ -86,18 +102,10 @@ async fn replicas_converge_on_a_catalog_restored_from_an_older_backup() {
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap();
-    let rules = |r: &Sluice, name: &str| r.url(&format!("/api/v1/buses/default/rules/{name}"));
     let replicas = [&one, &two];
     let limit = Duration::from_secs(20);
 
-    change(
-        &client,
-        reqwest::Method::PUT,
-        &rules(&one, "a"),
-        Some(rule("a")),
-        201,
-    )
-    .await;
+    put_rule(&client, &one, "a").await;
     wait_running(&replicas, &["default/a/f"], limit).await;
 
     // The backup, taken with Redis stopped: the catalog with `a`.
@@ -105,22 +113,8 @@ async fn replicas_converge_on_a_catalog_restored_from_an_older_backup() {
     let backup = redis.snapshot();
     redis.restart();
 
-    change(
-        &client,
-        reqwest::Method::PUT,
-        &rules(&two, "b"),
-        Some(rule("b")),
-        201,
-    )
-    .await;
-    change(
-        &client,
-        reqwest::Method::DELETE,
-        &rules(&one, "a"),
-        None,
-        204,
-    )
-    .await;
+    put_rule(&client, &two, "b").await;
+    delete_rule(&client, &one, "a").await;
     wait_running(&replicas, &["default/b/f"], limit).await;
 
     // Back to the backup under the running replicas: they converge on it unasked.
@@ -137,24 +131,13 @@ async fn replicas_converge_on_a_catalog_restored_from_an_older_backup() {
     }
 
     // A change after the restore reaches both.
-    change(
-        &client,
-        reqwest::Method::PUT,
-        &rules(&two, "c"),
-        Some(rule("c")),
-        201,
-    )
-    .await;
+    put_rule(&client, &two, "c").await;
     wait_running(&replicas, &["default/a/f", "default/c/f"], limit).await;
     // A rule starts at the end of each shard once its lane runs there: post after that.
     one.wait_states("default/c/f#", "RUNNING", 4).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let posted: HashSet<String> = post_spread(&[one.events_url(), two.events_url()], "e", 20)
-        .await
-        .into_iter()
-        .collect();
-    assert_eq!(posted.len(), 20);
+    let posted = sluice_tests::post_all(&[one.events_url(), two.events_url()], "e", 20).await;
     let through = |name: &str| -> HashSet<String> {
         replicas
             .iter()
@@ -184,23 +167,17 @@ async fn replicas_converge_on_a_catalog_restored_from_an_older_backup() {
 /// field) is matched as id 0 and still loads.
 #[tokio::test]
 async fn redis_catalog_writes_compare_version_and_id() {
-    use sluice::catalog::{CatalogStore, Head, RedisCatalog};
+    use sluice::catalog::{CatalogStore, Head, RedisCatalog, Stored};
     use sluice::store::cluster::Cluster as _;
-    use sluice::store::redis::{ClusterOptions, Redis, RedisCluster};
+    use sluice::store::redis::RedisCluster;
     use std::collections::BTreeMap;
 
     let (url, prefix) = sluice_tests::shared_redis("catalog-cas");
-    let redis = Redis::connect(&url, &prefix, Duration::from_secs(2))
-        .await
-        .unwrap();
-    let options = ClusterOptions {
-        heartbeat: Duration::from_millis(100),
-        member_ttl: Duration::from_secs(1),
-        lease_ttl: Duration::from_secs(1),
-    };
+    let redis = sluice_tests::redis::connect(&url, &prefix, Duration::from_secs(2)).await;
+    let options =
+        sluice_tests::redis::cluster_options(Duration::from_millis(100), Duration::from_secs(1));
     let cluster = RedisCluster::join(redis.clone(), "cas", options);
     let store = RedisCatalog::new(cluster.clone());
-    let none = BTreeMap::new();
     assert_eq!(store.head().await.unwrap(), None);
 
     // Written before ids existed: the hash has no `id`.
@@ -223,28 +200,23 @@ async fn redis_catalog_writes_compare_version_and_id() {
     assert_eq!(store.head().await.unwrap(), Some(old));
     assert_eq!(store.load().await.unwrap().unwrap().head(), old);
 
+    // An empty catalog written with this head.
+    let write = |version, id| Stored {
+        version,
+        id,
+        text: String::new(),
+        versions: BTreeMap::new(),
+    };
     let first = Head { version: 4, id: 41 };
-    assert_eq!(store.store(old, first, "", &none).await.unwrap(), Ok(()));
+    assert_eq!(store.store(old, &write(4, 41)).await.unwrap(), Ok(()));
     assert_eq!(store.head().await.unwrap(), Some(first));
     // Stale version, then stale id at the right version: both refused, nothing written.
-    assert_eq!(
-        store
-            .store(old, Head { version: 5, id: 5 }, "", &none)
-            .await
-            .unwrap(),
-        Err(first)
-    );
+    assert_eq!(store.store(old, &write(5, 5)).await.unwrap(), Err(first));
     let stale = Head { version: 4, id: 40 };
-    assert_eq!(
-        store
-            .store(stale, Head { version: 5, id: 5 }, "", &none)
-            .await
-            .unwrap(),
-        Err(first)
-    );
+    assert_eq!(store.store(stale, &write(5, 5)).await.unwrap(), Err(first));
     assert_eq!(store.head().await.unwrap(), Some(first));
     let second = Head { version: 5, id: 52 };
-    assert_eq!(store.store(first, second, "", &none).await.unwrap(), Ok(()));
+    assert_eq!(store.store(first, &write(5, 52)).await.unwrap(), Ok(()));
     assert_eq!(store.load().await.unwrap().unwrap().head(), second);
     cluster.leave().await;
 }
@@ -260,22 +232,17 @@ async fn a_deleted_rule_leaves_no_metric_series() {
         .start()
         .await;
     let client = reqwest::Client::new();
-    let url = sluice.url("/api/v1/buses/default/rules/gone");
-    change(&client, reqwest::Method::PUT, &url, Some(rule("gone")), 201).await;
+    put_rule(&client, &sluice, "gone").await;
     sluice.wait_states("default/gone/f#", "RUNNING", 1).await;
     sluice_tests::post(&client, &sluice.events_url(), "m-1", "{}").await;
     sluice_tests::post(&client, &sluice.url("/buses/kept/events"), "k-1", "{}").await;
-    sluice_tests::wait_jsonl(
-        &sluice.data_dir().join("gone.jsonl"),
-        Duration::from_secs(20),
-        |e| e.len() == 1,
-    )
+    sluice_tests::wait_file(&sluice, "gone.jsonl", Duration::from_secs(20), |e| {
+        e.len() == 1
+    })
     .await;
-    sluice_tests::wait_jsonl(
-        &sluice.data_dir().join("kept.jsonl"),
-        Duration::from_secs(20),
-        |e| e.len() == 1,
-    )
+    sluice_tests::wait_file(&sluice, "kept.jsonl", Duration::from_secs(20), |e| {
+        e.len() == 1
+    })
     .await;
     let metrics = sluice.metrics().await;
     for series in [
@@ -286,7 +253,7 @@ async fn a_deleted_rule_leaves_no_metric_series() {
         assert!(metrics.contains(series), "{series} missing:\n{metrics}");
     }
 
-    change(&client, reqwest::Method::DELETE, &url, None, 204).await;
+    delete_rule(&client, &sluice, "gone").await;
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let metrics = sluice.metrics().await;

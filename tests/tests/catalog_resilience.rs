@@ -294,23 +294,21 @@ async fn a_rule_one_replica_cannot_build_fails_there_alone_and_its_events_wait()
 
     // The later rule delivers everything, on both replicas.
     let later = |s: &Sluice| ids(&read_jsonl(&s.data_dir().join("later.jsonl")));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (a, b) = (later(&one), later(&two));
-        let all: HashSet<&String> = a.iter().chain(&b).collect();
-        if sent.iter().all(|id| all.contains(id)) {
-            assert!(
-                !a.is_empty() && !b.is_empty(),
-                "both replicas run the later rule"
-            );
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the later rule did not deliver everything"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (a, b) = sluice_tests::wait_until(
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || (later(&one), later(&two)),
+        |(a, b)| {
+            let all: HashSet<&String> = a.iter().chain(b).collect();
+            sent.iter().all(|id| all.contains(id))
+        },
+        |_| "the later rule did not deliver everything".to_string(),
+    )
+    .await;
+    assert!(
+        !a.is_empty() && !b.is_empty(),
+        "both replicas run the later rule"
+    );
     // The rule the second cannot build delivers the first's shards only.
     receiver
         .wait_for(Duration::from_secs(20), |r| {
@@ -544,11 +542,9 @@ async fn a_bus_keeps_its_shard_count_while_its_log_exists(sluice: &Sluice) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    sluice_tests::wait_jsonl(
-        &sluice.data_dir().join("orders.jsonl"),
-        Duration::from_secs(10),
-        |e| ids(e).contains(&"o-2".to_string()),
-    )
+    sluice_tests::wait_file(sluice, "orders.jsonl", Duration::from_secs(10), |e| {
+        ids(e).contains(&"o-2".to_string())
+    })
     .await;
 }
 
@@ -592,11 +588,8 @@ async fn a_bus_whose_log_does_not_open_fails_alone() {
 
     let ready = c.get(sluice.url("/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 200);
-    let refused = binary(&c, &sluice.url("/buses/x/events"), "x-2", "{}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(refused.status().as_u16(), 503);
+    sluice_tests::send_expecting(binary(&c, &sluice.url("/buses/x/events"), "x-2", "{}"), 503)
+        .await;
     let view = wait_connector(&sluice, "x/to-file/f", |v| v["state"] == "FAILED").await;
     assert!(
         view["reason"]

@@ -17,15 +17,10 @@ fn version_prints() {
 
 #[test]
 fn the_example_config_is_valid() {
-    let out = Command::new(sluice_bin())
-        .arg("check-config")
-        .arg(repo_root().join("sluice.example.toml"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    sluice_tests::run_ok(
+        Command::new(sluice_bin())
+            .arg("check-config")
+            .arg(repo_root().join("sluice.example.toml")),
     );
 }
 
@@ -58,9 +53,7 @@ fn config_errors_name_the_key_and_line() {
 
 #[test]
 fn bad_environment_override_is_an_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.toml");
-    std::fs::write(&path, "").unwrap();
+    let (_dir, path) = sluice_tests::config_file("");
     let out = Command::new(sluice_bin())
         .args(["serve", "--config"])
         .arg(&path)
@@ -163,14 +156,8 @@ impl Proc {
 /// Each documented `SLUICE_*` variable changes what it names, and the flags win over them.
 #[tokio::test]
 async fn each_environment_override_applies_and_flags_win() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("c.toml");
     // The file says otherwise for every key the variables set.
-    std::fs::write(
-        &config,
-        "listen = \"127.0.0.1:1\"\ndata_dir = \"/nonexistent/sluice\"\nlog = \"warn\"\nlog_format = \"text\"\nmode = \"standalone\"\ndurability = \"fsync\"\n\n[admin]\nallow_local_without_token = true\n\n[[buses]]\nname = \"default\"\nshards = 1\n",
-    )
-    .unwrap();
+    let (dir, config) = sluice_tests::config_file("listen = \"127.0.0.1:1\"\ndata_dir = \"/nonexistent/sluice\"\nlog = \"warn\"\nlog_format = \"text\"\nmode = \"standalone\"\ndurability = \"fsync\"\n\n[admin]\nallow_local_without_token = true\n\n[[buses]]\nname = \"default\"\nshards = 1\n");
     let (url, prefix) = sluice_tests::shared_redis("env");
     let port = sluice_tests::free_port();
     let data = dir.path().join("env-data");
@@ -224,13 +211,7 @@ async fn each_environment_override_applies_and_flags_win() {
         .await
         .unwrap();
     assert_eq!(view["worker"], "env-worker");
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:*"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let keys = sluice_tests::redis_keys(&url, &format!("{prefix}:*")).await;
     assert!(!keys.is_empty(), "nothing under the prefix {prefix}");
     drop(p);
 
@@ -271,5 +252,101 @@ async fn each_environment_override_applies_and_flags_win() {
         p.log().contains("SLUICE_NO_SUCH_KEY") && p.log().contains("ignoring"),
         "{}",
         p.log()
+    );
+}
+
+#[test]
+fn durations_that_would_panic_the_runtime_are_refused_by_check_config() {
+    for (text, key, line) in [
+        (
+            "[delivery]\nbatch_size = 10\ncommit_interval = \"0ms\"\n",
+            "delivery.commit_interval",
+            "c.toml:3:",
+        ),
+        (
+            "[cluster]\nrebalance_interval = 0\n",
+            "cluster.rebalance_interval",
+            "c.toml:2:",
+        ),
+        (
+            "[cluster]\nheartbeat_interval = \"0s\"\n",
+            "cluster.heartbeat_interval",
+            "c.toml:2:",
+        ),
+        (
+            "[cluster]\nheartbeat_interval = \"99999999999999999999999h\"\n",
+            "heartbeat_interval",
+            "line 2",
+        ),
+        (
+            "[delivery]\ncommit_interval = 9223372036854775807\n",
+            "commit_interval",
+            "line 2",
+        ),
+    ] {
+        let (ok, out) = check_config(text);
+        assert!(!ok, "{text} was accepted");
+        assert!(out.contains(key) && out.contains(line), "{key}: {out}");
+        assert!(!out.contains("panicked"), "{out}");
+    }
+}
+
+#[test]
+fn a_bad_redis_url_is_reported_without_its_password() {
+    let (ok, out) = check_config(
+        "mode = \"distributed\"\nredis_url = \"redis://:hunter2@127.0.0.1:6379/nodb\"\n",
+    );
+    assert!(!ok);
+    assert!(
+        out.contains("c.toml:2:") && out.contains("redis_url"),
+        "{out}"
+    );
+    assert!(!out.contains("hunter2"), "{out}");
+}
+
+const NESTED_TARGET: &str = r#"[[buses]]
+name = "b"
+
+[[rules]]
+name = "r"
+bus = "b"
+
+[[rules.targets]]
+type = "http"
+name = "h"
+url = "http://127.0.0.1:9/hook"
+
+[rules.targets.dead_letter.target]
+type = "file"
+path = "dead.jsonl"
+"#;
+
+#[test]
+fn errors_in_nested_tables_point_at_the_nested_key() {
+    // The dead-letter target has no `name`: line 13 opens that table, not line 8.
+    let (ok, out) = check_config(NESTED_TARGET);
+    assert!(!ok);
+    assert!(
+        out.contains("line 13") && out.contains("name"),
+        "points at the dead-letter target: {out}"
+    );
+    // An unknown key inside it: its own line.
+    let text = NESTED_TARGET.replace(
+        "path = \"dead.jsonl\"",
+        "name = \"d\"\npath = \"x\"\nbogus = 1",
+    );
+    let (ok, out) = check_config(&text);
+    assert!(!ok);
+    assert!(out.contains("line 17") && out.contains("bogus"), "{out}");
+    // A bad value in an inline table of a target.
+    let text = NESTED_TARGET.replace(
+        "url = \"http://127.0.0.1:9/hook\"",
+        "url = \"http://127.0.0.1:9/hook\"\ncircuit_breaker = { failures = 2, open_for = \"3 fortnights\" }",
+    );
+    let (ok, out) = check_config(&text);
+    assert!(!ok);
+    assert!(
+        out.contains("line 12") && out.contains("fortnights"),
+        "{out}"
     );
 }

@@ -7,29 +7,12 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sluice_tests::{shared_redis, wait_jsonl, Sluice};
+use sluice_tests::{bus_to_file_with, shared_redis, wait_jsonl, Sluice};
 
 /// A bus `once` (one shard, a one-hour dedup window) whose events go to `once.jsonl`,
 /// with `auth` when given.
 fn once_bus(auth: &str) -> String {
-    format!(
-        r#"
-[[buses]]
-name = "once"
-shards = 1
-dedup_window = "1h"
-{auth}
-
-[[rules]]
-name = "once-to-file"
-bus = "once"
-
-[[rules.targets]]
-type = "file"
-name = "once-file"
-path = "{{data_dir}}/once.jsonl"
-"#
-    )
+    bus_to_file_with("once", 1, &format!("dedup_window = \"1h\"\n{auth}"))
 }
 
 /// Posts one structured event, with `key` as the bus's API key when given; returns the
@@ -103,11 +86,9 @@ async fn dedup_records_are_fixed_size_whatever_the_id() {
             "{series}: {dedup:#?}"
         );
     }
-    wait_jsonl(
-        &sluice.data_dir().join("once.jsonl"),
-        Duration::from_secs(30),
-        |e| e.len() == 5,
-    )
+    sluice_tests::wait_file(&sluice, "once.jsonl", Duration::from_secs(30), |e| {
+        e.len() == 5
+    })
     .await;
 }
 
@@ -373,7 +354,8 @@ dedup_window = "1h"
 /// append) keeps its confirmed keys under the same bound, in its own index.
 #[tokio::test]
 async fn redis_reserve_confirm_keys_are_bounded() {
-    use sluice::webhooks::dedup::{key, Dedup, RedisDedup, Reserve};
+    use sluice::store::dedup::{key, Dedup, Reserve};
+    use sluice::store::redis::RedisDedup;
     let (url, prefix) = shared_redis("dedup-confirm-bound");
     let cap = 8;
     let redis = sluice::store::redis::Redis::connect(&url, &prefix, Duration::from_secs(2))

@@ -3,15 +3,49 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use sluice::runtime::rebalance::{assign, Strategy};
-use sluice::store::cluster::Cluster;
-use sluice::store::redis::{ClusterOptions, Redis, RedisCluster, RedisPositions};
+use sluice::store::cluster::{Cluster, Lease};
+use sluice::store::redis::{Redis, RedisCluster, RedisPositions};
 use sluice::store::PositionStore;
-use sluice_tests::receiver::{event_ids, Receiver, Reply};
+use sluice_tests::builder::SluiceBuilder;
+use sluice_tests::receiver::{event_ids, Received, Receiver, Reply};
+use sluice_tests::redis::{cluster_options, connect};
 use sluice_tests::{ids, post_spread, shared_redis, RedisServer, Sluice};
+
+/// Posts `count` events `{prefix}-n` to `to`; waits until `replicas` delivered them all.
+/// The ids posted.
+async fn post_and_wait_delivered(
+    to: &Sluice,
+    prefix: &str,
+    count: usize,
+    replicas: &[&Sluice],
+) -> HashSet<String> {
+    let posted: HashSet<String> = post_spread(&[to.events_url()], prefix, count)
+        .await
+        .into_iter()
+        .collect();
+    wait_all_delivered(replicas, &posted).await;
+    posted
+}
+
+/// Replicas of one cluster on the shared Redis (`name` keeps it apart from other tests'):
+/// each call gives the builder of one more.
+fn cluster(name: &str) -> impl Fn() -> SluiceBuilder {
+    let (url, prefix) = shared_redis(name);
+    move || Sluice::builder().distributed(&url, &prefix)
+}
+
+/// The ids in `file` of the data directories of `replicas`.
+fn ids_in(replicas: &[&Sluice], file: &str) -> HashSet<String> {
+    replicas
+        .iter()
+        .flat_map(|r| ids(&sluice_tests::read_jsonl(&r.data_dir().join(file))))
+        .collect()
+}
 
 /// Waits until the tasks are spread over two workers.
 async fn wait_both_run_tasks(a: &Sluice) {
@@ -32,38 +66,23 @@ async fn wait_both_run_tasks(a: &Sluice) {
 /// Waits until every acknowledged id shows up in some replica's delivered file, then
 /// returns (delivered lines, distinct ids).
 async fn wait_all_delivered(replicas: &[&Sluice], acked: &HashSet<String>) -> (usize, usize) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let all: Vec<String> = replicas.iter().flat_map(|r| ids(&r.delivered())).collect();
-        let distinct: HashSet<&String> = all.iter().collect();
-        let missing = acked.iter().filter(|id| !distinct.contains(id)).count();
-        if missing == 0 {
-            return (all.len(), distinct.len());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{missing} of {} acknowledged events were never delivered",
-            acked.len()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    sluice_tests::wait_all_acked(Duration::from_secs(60), acked, || {
+        replicas.iter().flat_map(|r| ids(&r.delivered())).collect()
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_deliver_every_event_through_a_kill_and_a_join() {
-    let (url, prefix) = shared_redis("kill-join");
-    let start = || Sluice::builder().distributed(&url, &prefix).start();
+    let member = cluster("kill-join");
+    let start = || member().start();
     let a = start().await;
     let mut b = start().await;
     let c = start().await;
     a.wait_members(3).await;
 
     let urls: Vec<String> = [&a, &b, &c].iter().map(|s| s.events_url()).collect();
-    let mut acked: HashSet<String> = post_spread(&urls, "before", 300)
-        .await
-        .into_iter()
-        .collect();
-    assert_eq!(acked.len(), 300);
+    let mut acked = sluice_tests::post_all(&urls, "before", 300).await;
 
     b.kill9();
     let d = start().await;
@@ -96,24 +115,9 @@ async fn three_replicas_deliver_every_event_through_a_kill_and_a_join() {
 /// flight at the freeze may reach the receiver twice (the new owner sends them again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_worker_does_not_deliver_once_its_tasks_moved() {
-    let (url, prefix) = shared_redis("pause");
     let receiver = Receiver::start().await;
     receiver.default_reply(Reply::Sleep(Duration::from_millis(100), 200));
-    let rule = format!(
-        "\n[[rules]]\nname = \"hook\"\nbus = \"default\"\n\n[[rules.targets]]\ntype = \"http\"\nname = \"hook\"\nurl = \"{}\"\n",
-        receiver.url("/")
-    );
-    let start = || {
-        Sluice::builder()
-            .distributed(&url, &prefix)
-            .without_default_rule()
-            .extra(&rule)
-            .start()
-    };
-    let a = start().await;
-    let b = start().await;
-    a.wait_members(2).await;
-    wait_both_run_tasks(&a).await;
+    let (a, b) = two_hook_replicas("pause", &receiver).await;
     let during = post_spread(&[a.events_url(), b.events_url()], "during", 120).await;
     assert_eq!(during.len(), 120);
     // Every lane has a request in flight (100 ms each, 120 events over 4 shards): freeze b.
@@ -129,26 +133,14 @@ async fn a_paused_worker_does_not_deliver_once_its_tasks_moved() {
         "the freeze came too late to catch batches in flight"
     );
     // a takes b's tasks over once b's membership and leases lapse, and delivers the rest.
-    let want: HashSet<String> = during.iter().cloned().collect();
-    receiver
-        .wait_for(Duration::from_secs(60), |r| {
-            let got: HashSet<String> = event_ids(r).into_iter().collect();
-            want.is_subset(&got)
-        })
-        .await;
+    wait_received(&receiver, &during, 60).await;
     b.signal("CONT");
     // b wakes up with answers to its requests and batches it read before it froze; more
     // events make sure it had the time to (wrongly) act on them before the check.
     a.wait_members(2).await;
     let later = post_spread(&[a.events_url(), b.events_url()], "later", 40).await;
     assert_eq!(later.len(), 40);
-    let later_set: HashSet<String> = later.iter().cloned().collect();
-    let seen = receiver
-        .wait_for(Duration::from_secs(30), |r| {
-            let got: HashSet<String> = event_ids(r).into_iter().collect();
-            later_set.is_subset(&got)
-        })
-        .await;
+    let seen = wait_received(&receiver, &later, 30).await;
     let mut copies: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for id in event_ids(&seen) {
         *copies.entry(id).or_default() += 1;
@@ -163,6 +155,33 @@ async fn a_paused_worker_does_not_deliver_once_its_tasks_moved() {
         "sent twice though not in flight at the freeze (the stale worker delivered): {twice:?}"
     );
     assert!(!b.log().contains("panicked"), "{}", b.log());
+}
+
+/// Two replicas of one cluster whose only rule sends the default bus to `receiver`, both
+/// running tasks.
+async fn two_hook_replicas(name: &str, receiver: &Receiver) -> (Sluice, Sluice) {
+    let member = cluster(name);
+    let rule = format!(
+        "\n[[rules]]\nname = \"hook\"\nbus = \"default\"\n\n[[rules.targets]]\ntype = \"http\"\nname = \"hook\"\nurl = \"{}\"\n",
+        receiver.url("/")
+    );
+    let start = || member().without_default_rule().extra(&rule).start();
+    let a = start().await;
+    let b = start().await;
+    a.wait_members(2).await;
+    wait_both_run_tasks(&a).await;
+    (a, b)
+}
+
+/// Waits until `receiver` got each of `ids` (within `secs`); what it received by then.
+async fn wait_received(receiver: &Receiver, ids: &[String], secs: u64) -> Vec<Received> {
+    let want: HashSet<String> = ids.iter().cloned().collect();
+    receiver
+        .wait_for(Duration::from_secs(secs), |r| {
+            let got: HashSet<String> = event_ids(r).into_iter().collect();
+            want.is_subset(&got)
+        })
+        .await
 }
 
 /// Checks that the first delivery of each event comes in posting order within its shard
@@ -209,46 +228,21 @@ async fn post_in_order(url: &str, range: std::ops::Range<u32>) -> Vec<String> {
 /// flight (its shards are taken over), and through its restart (they are handed back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_target_keeps_order_per_shard_across_a_kill_a_takeover_and_a_rejoin() {
-    let (url, prefix) = shared_redis("http-order");
     let receiver = Receiver::start().await;
     // Slow enough that every lane has a request in flight when the kill comes.
     receiver.default_reply(Reply::Sleep(Duration::from_millis(15), 200));
-    let rule = format!(
-        "\n[[rules]]\nname = \"hook\"\nbus = \"default\"\n\n[[rules.targets]]\ntype = \"http\"\nname = \"hook\"\nurl = \"{}\"\n",
-        receiver.url("/")
-    );
-    let start = || {
-        Sluice::builder()
-            .distributed(&url, &prefix)
-            .without_default_rule()
-            .extra(&rule)
-            .start()
-    };
-    let a = start().await;
-    let mut b = start().await;
-    a.wait_members(2).await;
-    wait_both_run_tasks(&a).await;
+    let (a, mut b) = two_hook_replicas("http-order", &receiver).await;
 
     let mut accepted = post_in_order(&a.events_url(), 0..100).await;
     // b has requests in flight (15 ms each, a hundred events just posted over 4 lanes).
     b.kill9();
     accepted.extend(post_in_order(&a.events_url(), 100..200).await);
-    let want: HashSet<String> = accepted.iter().cloned().collect();
-    receiver
-        .wait_for(Duration::from_secs(60), |r| {
-            want.is_subset(&event_ids(r).into_iter().collect())
-        })
-        .await;
+    wait_received(&receiver, &accepted, 60).await;
 
     b.restart().await;
     a.wait_members(2).await;
     let accepted = post_in_order(&a.events_url(), 200..400).await;
-    let want: HashSet<String> = accepted.iter().cloned().collect();
-    let received = receiver
-        .wait_for(Duration::from_secs(60), |r| {
-            want.is_subset(&event_ids(r).into_iter().collect())
-        })
-        .await;
+    let received = wait_received(&receiver, &accepted, 60).await;
     let ok: Vec<_> = received.into_iter().filter(|r| r.was_accepted()).collect();
     let delivered = event_ids(&ok);
     assert_in_order_per_shard(&delivered, 4);
@@ -269,11 +263,7 @@ async fn redis_restart_answers_503_then_resumes_without_loss() {
         .distributed(&redis.url(), "restart")
         .start()
         .await;
-    let mut acked: HashSet<String> = post_spread(&[sluice.events_url()], "up", 100)
-        .await
-        .into_iter()
-        .collect();
-    assert_eq!(acked.len(), 100);
+    let mut acked = sluice_tests::post_all(&[sluice.events_url()], "up", 100).await;
 
     redis.kill();
     let client = reqwest::Client::new();
@@ -337,14 +327,8 @@ async fn redis_restart_answers_503_then_resumes_without_loss() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consistent_hash_moves_about_one_in_four_tasks_when_a_fourth_worker_joins() {
-    let (url, prefix) = shared_redis("ring");
-    let start = || {
-        Sluice::builder()
-            .distributed(&url, &prefix)
-            .strategy("consistent-hash")
-            .shards(48)
-            .start()
-    };
+    let member = cluster("ring");
+    let start = || member().strategy("consistent-hash").shards(48).start();
     let a = start().await;
     let _b = start().await;
     let _c = start().await;
@@ -399,31 +383,44 @@ async fn converged(sluice: &Sluice, tasks: u32) -> BTreeMap<String, String> {
     }
 }
 
+/// Two workers of a cluster on the shared Redis, with leases that lapse in 300 ms.
+async fn two_workers(name: &str) -> (Redis, Arc<RedisCluster>, Arc<RedisCluster>) {
+    let (url, prefix) = shared_redis(name);
+    let redis = connect(&url, &prefix, Duration::from_secs(1)).await;
+    let options = cluster_options(Duration::from_millis(100), Duration::from_millis(300));
+    let a = RedisCluster::join(redis.clone(), "worker-a", options.clone());
+    let b = RedisCluster::join(redis.clone(), "worker-b", options);
+    (redis, a, b)
+}
+
+/// `worker`'s positions, with `(key, shard)` owned under `lease`, set to `at` and flushed:
+/// the commit must be accepted.
+async fn committed_by(
+    redis: &Redis,
+    worker: &str,
+    (key, shard): (&str, u32),
+    lease: &Lease,
+    at: u64,
+) -> RedisPositions {
+    let positions = RedisPositions::new(redis.clone(), worker);
+    positions.own(key, shard, lease);
+    positions.set(key, shard, at);
+    assert!(positions.flush().await.unwrap().is_empty());
+    assert_eq!(positions.committed(key, shard).await.unwrap(), Some(at));
+    positions
+}
+
 /// Through the library, not the binary: the fence must be seen refusing a commit made
 /// exactly after the lease lapsed and moved, an interleaving a process cannot be steered
 /// into (the binary path of the same guarantee is
 /// `a_paused_worker_does_not_deliver_once_its_tasks_moved`).
 #[tokio::test]
 async fn fenced_commit_is_refused_after_the_lease_moved() {
-    let (url, prefix) = shared_redis("fence");
-    let redis = Redis::connect(&url, &prefix, Duration::from_secs(1))
-        .await
-        .unwrap();
-    let options = ClusterOptions {
-        heartbeat: Duration::from_millis(100),
-        member_ttl: Duration::from_millis(300),
-        lease_ttl: Duration::from_millis(300),
-    };
-    let a = RedisCluster::join(redis.clone(), "worker-a", options.clone());
-    let b = RedisCluster::join(redis.clone(), "worker-b", options);
+    let (redis, a, b) = two_workers("fence").await;
     let lease_a = a.acquire("sub#0").await.unwrap().expect("free lease");
     assert!(b.acquire("sub#0").await.unwrap().is_none(), "held by a");
 
-    let positions_a = RedisPositions::new(redis.clone(), "worker-a");
-    positions_a.own("sub", 0, &lease_a);
-    positions_a.set("sub", 0, 5);
-    assert!(positions_a.flush().await.unwrap().is_empty());
-    assert_eq!(positions_a.committed("sub", 0).await.unwrap(), Some(5));
+    let positions_a = committed_by(&redis, "worker-a", ("sub", 0), &lease_a, 5).await;
 
     // a stops renewing (paused, partitioned): the lease lapses and b takes the task.
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -443,11 +440,7 @@ async fn fenced_commit_is_refused_after_the_lease_moved() {
         "a cannot renew a lease it lost"
     );
 
-    let positions_b = RedisPositions::new(redis, "worker-b");
-    positions_b.own("sub", 0, &lease_b);
-    positions_b.set("sub", 0, 7);
-    assert!(positions_b.flush().await.unwrap().is_empty());
-    assert_eq!(positions_b.committed("sub", 0).await.unwrap(), Some(7));
+    committed_by(&redis, "worker-b", ("sub", 0), &lease_b, 7).await;
     a.leave().await;
     b.leave().await;
 }
@@ -460,24 +453,11 @@ async fn fenced_commit_is_refused_after_the_lease_moved() {
 /// in rocketmq_source.rs, which checks no queue resumes below its committed position).
 #[tokio::test]
 async fn a_source_task_that_moved_away_cannot_commit_its_queue_positions() {
-    let (url, prefix) = shared_redis("source-fence");
-    let redis = Redis::connect(&url, &prefix, Duration::from_secs(1))
-        .await
-        .unwrap();
-    let options = ClusterOptions {
-        heartbeat: Duration::from_millis(100),
-        member_ttl: Duration::from_millis(300),
-        lease_ttl: Duration::from_millis(300),
-    };
-    let a = RedisCluster::join(redis.clone(), "worker-a", options.clone());
-    let b = RedisCluster::join(redis.clone(), "worker-b", options);
+    let (redis, a, b) = two_workers("source-fence").await;
     let task = "source/mq-in#0";
     let key = "source/mq-in@broker-a";
     let lease_a = a.acquire(task).await.unwrap().expect("free lease");
-    let positions_a = RedisPositions::new(redis.clone(), "worker-a");
-    positions_a.own(key, 3, &lease_a);
-    positions_a.set(key, 3, 40);
-    assert!(positions_a.flush().await.unwrap().is_empty());
+    let positions_a = committed_by(&redis, "worker-a", (key, 3), &lease_a, 40).await;
 
     tokio::time::sleep(Duration::from_millis(400)).await;
     let lease_b = b.acquire(task).await.unwrap().expect("lapsed lease");
@@ -486,11 +466,7 @@ async fn a_source_task_that_moved_away_cannot_commit_its_queue_positions() {
     assert_eq!(positions_a.flush().await.unwrap(), vec![task.to_string()]);
     assert_eq!(positions_a.committed(key, 3).await.unwrap(), Some(40));
 
-    let positions_b = RedisPositions::new(redis, "worker-b");
-    positions_b.own(key, 3, &lease_b);
-    positions_b.set(key, 3, 45);
-    assert!(positions_b.flush().await.unwrap().is_empty());
-    assert_eq!(positions_b.committed(key, 3).await.unwrap(), Some(45));
+    committed_by(&redis, "worker-b", (key, 3), &lease_b, 45).await;
     a.leave().await;
     b.leave().await;
 }
@@ -501,14 +477,8 @@ async fn a_source_task_that_moved_away_cannot_commit_its_queue_positions() {
 #[tokio::test]
 async fn positions_not_committed_when_redis_fails_are_kept_for_the_next_flush() {
     let mut server = RedisServer::start();
-    let redis = Redis::connect(&server.url(), "flush", Duration::from_millis(500))
-        .await
-        .unwrap();
-    let options = ClusterOptions {
-        heartbeat: Duration::from_secs(1),
-        member_ttl: Duration::from_secs(60),
-        lease_ttl: Duration::from_secs(60),
-    };
+    let redis = connect(&server.url(), "flush", Duration::from_millis(500)).await;
+    let options = cluster_options(Duration::from_secs(1), Duration::from_secs(60));
     let cluster = RedisCluster::join(redis.clone(), "worker-a", options);
     let positions = RedisPositions::new(redis, "worker-a");
     for shard in 0..3 {
@@ -540,22 +510,12 @@ async fn positions_not_committed_when_redis_fails_are_kept_for_the_next_flush() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_resume_and_restart_a_connector_from_any_replica() {
-    let (url, prefix) = shared_redis("control");
+    let member = cluster("control");
     // A second rule that is never paused: once it has an event, the paused one had the
     // chance to (wrongly) deliver it too.
     let marker = "\n[[rules]]\nname = \"marker\"\nbus = \"default\"\n\n[[rules.targets]]\ntype = \"file\"\nname = \"m\"\npath = \"{data_dir}/marker.jsonl\"\n";
-    let a = Sluice::builder()
-        .distributed(&url, &prefix)
-        .shards(2)
-        .extra(marker)
-        .start()
-        .await;
-    let b = Sluice::builder()
-        .distributed(&url, &prefix)
-        .shards(2)
-        .extra(marker)
-        .start()
-        .await;
+    let a = member().shards(2).extra(marker).start().await;
+    let b = member().shards(2).extra(marker).start().await;
     a.wait_members(2).await;
     let client = reqwest::Client::new();
     let connector = "default/all-events/delivered";
@@ -574,25 +534,14 @@ async fn pause_resume_and_restart_a_connector_from_any_replica() {
         .await
         .into_iter()
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let marked: HashSet<String> = [&a, &b]
-            .iter()
-            .flat_map(|r| {
-                ids(&sluice_tests::read_jsonl(
-                    &r.data_dir().join("marker.jsonl"),
-                ))
-            })
-            .collect();
-        if held.is_subset(&marked) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the marker rule never got the events"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    sluice_tests::wait_until(
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || ids_in(&[&a, &b], "marker.jsonl"),
+        |marked| held.is_subset(marked),
+        |_| "the marker rule never got the events".to_string(),
+    )
+    .await;
     assert!(
         a.delivered().is_empty() && b.delivered().is_empty(),
         "paused: nothing delivered"
@@ -631,28 +580,15 @@ async fn pause_resume_and_restart_a_connector_from_any_replica() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let more: HashSet<String> = post_spread(&[a.events_url()], "more", 10)
-        .await
-        .into_iter()
-        .collect();
-    wait_all_delivered(&[&a, &b], &more).await;
+    let more = post_and_wait_delivered(&a, "more", 10, &[&a, &b]).await;
     // One task of the connector: only that lane restarts.
-    let r = client
-        .post(a.url(&format!("/admin/tasks/{connector}/1/restart")))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    sluice_tests::admin::act(&a, &format!("/admin/tasks/{connector}/1/restart")).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while restarted(1) != 2 {
         assert!(Instant::now() < deadline, "task 1 not restarted");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let last: HashSet<String> = post_spread(&[b.events_url()], "last", 10)
-        .await
-        .into_iter()
-        .collect();
-    wait_all_delivered(&[&a, &b], &last).await;
+    let last = post_and_wait_delivered(&b, "last", 10, &[&a, &b]).await;
     assert_eq!(restarted(0), 1, "the other task kept running");
     let delivered: Vec<String> = [&a, &b].iter().flat_map(|r| ids(&r.delivered())).collect();
     let distinct: HashSet<&String> = delivered.iter().collect();
@@ -671,19 +607,12 @@ async fn pause_resume_and_restart_a_connector_from_any_replica() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_are_trimmed_once_every_subscription_passed() {
     let (url, prefix) = shared_redis("trim");
-    let sluice = Sluice::builder()
-        .distributed(&url, &prefix)
+    let sluice = Sluice::builder().distributed(&url, &prefix)
         .shards(1)
         .extra("\n[[rules]]\nname = \"copy\"\nbus = \"default\"\n\n[[rules.targets]]\ntype = \"file\"\nname = \"f\"\npath = \"{data_dir}/copy.jsonl\"\n")
         .start()
         .await;
-    let http = reqwest::Client::new();
-    let r = http
-        .post(sluice.url("/admin/connectors/default/copy/f/pause"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    sluice_tests::admin::act(&sluice, "/admin/connectors/default/copy/f/pause").await;
     sluice.wait_states("default/copy/f#", "PAUSED", 1).await;
     let posted = post_spread(&[sluice.events_url()], "trim", 200).await;
     assert_eq!(posted.len(), 200);
@@ -707,17 +636,10 @@ async fn streams_are_trimmed_once_every_subscription_passed() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let r = http
-        .post(sluice.url("/admin/connectors/default/copy/f/resume"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::ACCEPTED);
-    let copied = sluice_tests::wait_jsonl(
-        &sluice.data_dir().join("copy.jsonl"),
-        Duration::from_secs(20),
-        |e| e.len() >= 200,
-    )
+    sluice_tests::admin::act(&sluice, "/admin/connectors/default/copy/f/resume").await;
+    let copied = sluice_tests::wait_file(&sluice, "copy.jsonl", Duration::from_secs(20), |e| {
+        e.len() >= 200
+    })
     .await;
     assert_eq!(
         ids(&copied),
@@ -773,23 +695,15 @@ async fn clusters_with_different_prefixes_on_one_redis_are_isolated() {
 /// the replica that takes over sends nothing twice, and nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_hands_tasks_over_without_sending_anything_twice() {
-    let (url, prefix) = shared_redis("handover");
-    let a = Sluice::builder().distributed(&url, &prefix).start().await;
-    let mut b = Sluice::builder().distributed(&url, &prefix).start().await;
+    let member = cluster("handover");
+    let a = member().start().await;
+    let mut b = member().start().await;
     a.wait_members(2).await;
     wait_both_run_tasks(&a).await;
-    let before: HashSet<String> = post_spread(&[a.events_url(), b.events_url()], "before", 200)
-        .await
-        .into_iter()
-        .collect();
-    assert_eq!(before.len(), 200);
+    let before = sluice_tests::post_all(&[a.events_url(), b.events_url()], "before", 200).await;
     let status = b.terminate();
     assert!(status.success(), "{status}");
-    let after: HashSet<String> = post_spread(&[a.events_url()], "after", 100)
-        .await
-        .into_iter()
-        .collect();
-    assert_eq!(after.len(), 100);
+    let after = sluice_tests::post_all(&[a.events_url()], "after", 100).await;
     let all: HashSet<String> = before.union(&after).cloned().collect();
     let (lines, distinct) = wait_all_delivered(&[&a, &b], &all).await;
     assert_eq!(distinct, 300);
@@ -831,20 +745,15 @@ async fn admin_actions_on_unknown_connectors_and_tasks_are_404() {
         assert!(body.contains(names), "{path}: {body}");
     }
     // The real ones still work.
-    let r = client
-        .post(sluice.url("/admin/tasks/default/all-events/delivered/1/restart"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    sluice_tests::admin::act(
+        &sluice,
+        "/admin/tasks/default/all-events/delivered/1/restart",
+    )
+    .await;
     // Nothing was stored for the unknown ids.
+    let keys = sluice_tests::redis_keys(&url, &format!("{prefix}:*")).await;
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:*"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
     for key in &keys {
         let kind: String = redis::cmd("TYPE")
             .arg(key)
@@ -873,18 +782,16 @@ async fn admin_actions_on_unknown_connectors_and_tasks_are_404() {
 /// in place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_run_the_catalog_not_their_files_and_resync_to_its_changes() {
-    let (url, prefix) = shared_redis("resync");
+    let member = cluster("resync");
     let rule = |name: &str| {
         format!("\n[[rules]]\nname = \"{name}\"\nbus = \"default\"\n\n[[rules.targets]]\ntype = \"file\"\nname = \"f\"\npath = \"{{data_dir}}/{name}.jsonl\"\n")
     };
-    let a = Sluice::builder()
-        .distributed(&url, &prefix)
+    let a = member()
         .without_default_rule()
         .extra(&rule("first"))
         .start()
         .await;
-    let b = Sluice::builder()
-        .distributed(&url, &prefix)
+    let b = member()
         .without_default_rule()
         .shards(8)
         .extra(&rule("second"))
@@ -893,14 +800,8 @@ async fn replicas_run_the_catalog_not_their_files_and_resync_to_its_changes() {
     a.wait_members(2).await;
     assert!(b.log().contains("differ from the catalog"), "{}", b.log());
     let client = reqwest::Client::new();
-    let bus: serde_json::Value = client
-        .get(b.url("/api/v1/buses/default"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let bus =
+        sluice_tests::admin::expect(&b, reqwest::Method::GET, "/api/v1/buses/default", 200).await;
     assert_eq!(bus["shards"], 4, "the catalog's shard count: {bus}");
 
     // Through b's admin API: add `second`, delete `first`. a resyncs.
@@ -912,12 +813,13 @@ async fn replicas_run_the_catalog_not_their_files_and_resync_to_its_changes() {
         .await
         .unwrap();
     assert_eq!(put.status(), 201, "{}", put.text().await.unwrap());
-    let deleted = client
-        .delete(b.url("/api/v1/buses/default/rules/first"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(deleted.status(), 204);
+    sluice_tests::admin::expect(
+        &b,
+        reqwest::Method::DELETE,
+        "/api/v1/buses/default/rules/first",
+        204,
+    )
+    .await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while !a.log().contains("catalog changed; applied") {
         assert!(Instant::now() < deadline, "a never resynced:\n{}", a.log());
@@ -941,31 +843,15 @@ async fn replicas_run_the_catalog_not_their_files_and_resync_to_its_changes() {
         assert!(Instant::now() < deadline, "`first` still runs");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let posted: HashSet<String> = post_spread(&[a.events_url(), b.events_url()], "r", 40)
-        .await
-        .into_iter()
-        .collect();
-    assert_eq!(posted.len(), 40);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let got: HashSet<String> = [&a, &b]
-            .iter()
-            .flat_map(|r| {
-                ids(&sluice_tests::read_jsonl(
-                    &r.data_dir().join("second.jsonl"),
-                ))
-            })
-            .collect();
-        if got == posted {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} of 40 through `second`",
-            got.len()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let posted = sluice_tests::post_all(&[a.events_url(), b.events_url()], "r", 40).await;
+    sluice_tests::wait_until(
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || ids_in(&[&a, &b], "second.jsonl"),
+        |got| *got == posted,
+        |got| format!("{} of 40 through `second`", got.len()),
+    )
+    .await;
     for r in [&a, &b] {
         let first = ids(&sluice_tests::read_jsonl(&r.data_dir().join("first.jsonl")));
         assert!(
@@ -984,13 +870,8 @@ async fn rolling_restart_under_load_loses_nothing_and_answers_only_202_or_503() 
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
 
-    let (url, prefix) = shared_redis("rolling");
-    let start = || {
-        Sluice::builder()
-            .distributed(&url, &prefix)
-            .limits("shutdown_delay = \"1s\"")
-            .start()
-    };
+    let member = cluster("rolling");
+    let start = || member().limits("shutdown_delay = \"1s\"").start();
     let mut replicas = [start().await, start().await, start().await];
     replicas[0].wait_members(3).await;
     replicas[0].wait_tasks_settled(4, 3).await;

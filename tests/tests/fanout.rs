@@ -525,24 +525,13 @@ async fn a_replica_kill_with_a_thousand_rules_loses_nothing() {
         let target = if round % 2 == 0 { &a } else { &c };
         post_round(round, target, &mut acked).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let (lines, distinct) = loop {
-        let all: Vec<String> = [&a, &b, &c]
+    let (lines, distinct) = sluice_tests::wait_all_acked(Duration::from_secs(90), &acked, || {
+        [&a, &b, &c]
             .iter()
             .flat_map(|r| ids(&read_jsonl(&r.data_dir().join("rules.jsonl"))))
-            .collect();
-        let seen: HashSet<&String> = all.iter().collect();
-        let missing = acked.iter().filter(|id| !seen.contains(id)).count();
-        if missing == 0 {
-            break (all.len(), seen.len());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{missing} of {} acknowledged events never delivered",
-            acked.len()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+            .collect()
+    })
+    .await;
     eprintln!(
         "acked {}, delivered {lines} lines, {distinct} distinct, {} duplicates",
         acked.len(),

@@ -7,7 +7,7 @@
 //! stretch every phase and the number of faults (figures in RELIABILITY.md).
 //!
 //! Other fault tests keep their own files: the RocketMQ broker restarted
-//! (`rocketmq_target.rs`), a store that cannot write (`reliability.rs`, a real `EFBIG` from
+//! (`rocketmq_target.rs`), a store that cannot write (`store_faults.rs`, a real `EFBIG` from
 //! a file-size limit), SIGTERM rolling restarts (`distributed.rs`), torn and damaged
 //! segments and failed `fdatasync` (unit tests of the embedded log).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -16,23 +16,16 @@ use std::time::{Duration, Instant};
 
 use sluice_tests::ledger::{chaos_scale, peak_rss_kib, Load, Report};
 use sluice_tests::receiver::{Received, Receiver, Reply};
-use sluice_tests::{shared_redis, RedisServer, Sluice, SluiceBuilder};
+use sluice_tests::{shared_redis, target_rule, RedisServer, Sluice, SluiceBuilder};
 
 /// An HTTP target to the receiver, and nothing else on the bus.
 fn to_receiver(builder: SluiceBuilder, receiver: &Receiver) -> SluiceBuilder {
-    builder.without_default_rule().extra(&format!(
-        r#"
-[[rules]]
-name = "faults"
-bus = "default"
-
-[[rules.targets]]
-type = "http"
-name = "receiver"
-url = "{}"
-timeout = "2s"
-"#,
-        receiver.url("/faults")
+    let url = receiver.url("/faults");
+    builder.without_default_rule().extra(&target_rule(
+        "faults",
+        "http",
+        "receiver",
+        &format!("url = \"{url}\"\ntimeout = \"2s\""),
     ))
 }
 

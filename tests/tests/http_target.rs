@@ -3,34 +3,11 @@
 //! breaker.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sluice_tests::receiver::{HyperReceiver, Receiver, Reply};
-use sluice_tests::{post, python, repo_root, Sluice, SluiceBuilder};
-
-fn http_rule(name: &str, url: &str, extra: &str) -> String {
-    format!(
-        r#"
-[[rules]]
-name = "{name}"
-bus = "default"
-
-[[rules.targets]]
-type = "http"
-name = "{name}"
-url = "{url}"
-{extra}
-"#
-    )
-}
-
-/// A gateway whose one rule sends every event to an HTTP target.
-fn with_http_target(name: &str, url: &str, extra: &str) -> SluiceBuilder {
-    Sluice::builder().extra(&http_rule(name, url, extra))
-}
+use sluice_tests::{http_rule, post, repo_root, run_python, Sluice};
 
 /// Posts `count` events with ids `{prefix}-{i}` and an empty JSON object as data.
 async fn post_empty(sluice: &Sluice, prefix: &str, count: usize) {
@@ -49,7 +26,7 @@ async fn post_empty(sluice: &Sluice, prefix: &str, count: usize) {
 #[tokio::test]
 async fn http_target_binary_mode_carries_attributes_headers_and_bearer_auth() {
     let receiver = Receiver::start().await;
-    let sluice = with_http_target(
+    let sluice = Sluice::builder().http_target(
         "hook",
         &receiver.url("/hook"),
         "headers = { x-team = \"blue\" }\nauth = { type = \"bearer\", token = \"env:SLUICE_SECRET_HOOK_TOKEN\" }",
@@ -58,20 +35,20 @@ async fn http_target_binary_mode_carries_attributes_headers_and_bearer_auth() {
     .start()
     .await;
     let client = reqwest::Client::new();
-    let r = client
-        .post(sluice.events_url())
-        .header("ce-specversion", "1.0")
-        .header("ce-id", "b-1")
-        .header("ce-source", "/tests")
-        .header("ce-type", "com.example.test")
-        .header("ce-subject", "caf%C3%A9 au lait")
-        .header("ce-tenant", "acme")
-        .header("content-type", "application/json")
-        .body(r#"{"n":1}"#)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 202);
+    sluice_tests::send_expecting(
+        client
+            .post(sluice.events_url())
+            .header("ce-specversion", "1.0")
+            .header("ce-id", "b-1")
+            .header("ce-source", "/tests")
+            .header("ce-type", "com.example.test")
+            .header("ce-subject", "caf%C3%A9 au lait")
+            .header("ce-tenant", "acme")
+            .header("content-type", "application/json")
+            .body(r#"{"n":1}"#),
+        202,
+    )
+    .await;
     let got = receiver
         .wait_for(Duration::from_secs(10), |r| !r.is_empty())
         .await;
@@ -142,24 +119,20 @@ async fn http_target_signatures_verify_with_standardwebhooks_package() {
     // 24 random bytes, base64: a secret like the ones Standard Webhooks providers issue.
     let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
     let receiver = Receiver::start().await;
-    let sluice = with_http_target(
-        "signed",
-        &receiver.url("/signed"),
-        "signing_secret = \"env:SLUICE_SECRET_SIGNING\"",
-    )
-    .env("SLUICE_SECRET_SIGNING", secret)
-    .start()
-    .await;
-    let client = reqwest::Client::new();
-    for i in 0..3 {
-        post(
-            &client,
-            &sluice.events_url(),
-            &format!("sig-{i}"),
-            &format!(r#"{{"i":{i}}}"#),
+    let sluice = Sluice::builder()
+        .http_target(
+            "signed",
+            &receiver.url("/signed"),
+            "signing_secret = \"env:SLUICE_SECRET_SIGNING\"",
         )
+        .env("SLUICE_SECRET_SIGNING", secret)
+        .start()
         .await;
-    }
+    let client = reqwest::Client::new();
+    sluice_tests::post_many(&client, &sluice.events_url(), "sig", 0..3, |i| {
+        format!(r#"{{"i":{i}}}"#)
+    })
+    .await;
     let got = receiver
         .wait_for(Duration::from_secs(10), |r| r.len() >= 3)
         .await;
@@ -177,36 +150,15 @@ async fn http_target_signatures_verify_with_standardwebhooks_package() {
             json!({"headers": headers, "body": String::from_utf8(r.body.clone()).unwrap()})
         })
         .collect();
-    let mut child = Command::new(python())
-        .arg(repo_root().join("tests/scripts/verify_webhook.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(
-            json!({"secret": secret, "requests": requests})
-                .to_string()
-                .as_bytes(),
-        )
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let input = json!({"secret": secret, "requests": requests}).to_string();
+    run_python("verify_webhook.py", &[], input.as_bytes());
 }
 
 #[tokio::test]
 async fn http_target_rate_limit_spreads_requests() {
     let receiver = Receiver::start().await;
-    let sluice = with_http_target("limited", &receiver.url("/l"), "rate_limit = 20.0")
+    let sluice = Sluice::builder()
+        .http_target("limited", &receiver.url("/l"), "rate_limit = 20.0")
         .start()
         .await;
     post_empty(&sluice, "rl", 100).await;
@@ -239,14 +191,14 @@ async fn http_target_rate_limit_spreads_requests() {
 async fn http_target_circuit_breaker_stops_hammering_a_dead_endpoint() {
     let receiver = Receiver::start().await;
     receiver.default_reply(Reply::Status(503));
-    let sluice = with_http_target(
+    let sluice = Sluice::builder().http_target(
         "breaker",
         &receiver.url("/b"),
         "circuit_breaker = { failures = 2, open_for = \"1s\" }\n[rules.targets.retry]\ninitial_backoff = \"10ms\"\nmax_backoff = \"20ms\"",
     )
     .start()
     .await;
-    post(&reqwest::Client::new(), &sluice.events_url(), "cb-1", "{}").await;
+    sluice_tests::post_event(&sluice, "cb-1").await;
     // Without the breaker, a request every 10–20 ms. With it: 2 failures, then it opens and
     // lets one probe through per `open_for` (a slow machine only makes the gaps longer).
     let tried = receiver
@@ -270,7 +222,8 @@ async fn http_target_circuit_breaker_stops_hammering_a_dead_endpoint() {
 #[tokio::test]
 async fn http_target_h2c_prior_knowledge_shares_one_pooled_connection() {
     let receiver = HyperReceiver::h2c().await;
-    let sluice = with_http_target("h2", &receiver.url("/h2"), "http2_prior_knowledge = true")
+    let sluice = Sluice::builder()
+        .http_target("h2", &receiver.url("/h2"), "http2_prior_knowledge = true")
         .start()
         .await;
     const N: usize = 40;
@@ -291,13 +244,14 @@ async fn http_target_h2c_prior_knowledge_shares_one_pooled_connection() {
 async fn http_target_https_with_a_private_ca_negotiates_h2() {
     let receiver = HyperReceiver::tls().await;
     let ca = repo_root().join("tests/fixtures/tls/ca.pem");
-    let sluice = with_http_target(
-        "tls",
-        &receiver.url("/tls"),
-        &format!("ca_file = \"{}\"", ca.display()),
-    )
-    .start()
-    .await;
+    let sluice = Sluice::builder()
+        .http_target(
+            "tls",
+            &receiver.url("/tls"),
+            &format!("ca_file = \"{}\"", ca.display()),
+        )
+        .start()
+        .await;
     const N: usize = 20;
     post_empty(&sluice, "tls", N).await;
     let (requests, h2, _) = receiver.wait_requests(N, Duration::from_secs(20)).await;
@@ -308,16 +262,11 @@ async fn http_target_https_with_a_private_ca_negotiates_h2() {
 #[tokio::test]
 async fn http_target_https_refuses_an_untrusted_certificate() {
     let receiver = HyperReceiver::tls().await;
-    let sluice = with_http_target("untrusted", &receiver.url("/hook"), "")
+    let sluice = Sluice::builder()
+        .http_target("untrusted", &receiver.url("/hook"), "")
         .start()
         .await;
-    post(
-        &reqwest::Client::new(),
-        &sluice.events_url(),
-        "tls-bad",
-        "{}",
-    )
-    .await;
+    sluice_tests::post_event(&sluice, "tls-bad").await;
     // The handshake fails (the private CA is not trusted): nothing reaches the handler, and
     // the event stays pending with the reason in the task's status.
     let deadline = Instant::now() + Duration::from_secs(20);

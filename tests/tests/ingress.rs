@@ -4,11 +4,13 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use sluice_tests::{binary, ids, structured_event, Sluice};
+use sluice_tests::receiver::Receiver;
+use sluice_tests::{binary, binary_raw, ids, post, structured_event, Sluice};
+use tokio::io::AsyncWriteExt;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -94,13 +96,7 @@ async fn batch_mode_stores_good_entries_and_reports_bad_ones() {
         no_type,
         17
     ]);
-    let r = client
-        .post(sluice.events_url())
-        .header("content-type", "application/cloudevents-batch+json")
-        .body(batch.to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = sluice_tests::send_batch(&client, &sluice.events_url(), batch.to_string()).await;
     assert_eq!(r.status(), StatusCode::ACCEPTED);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["failedEntryCount"], 3);
@@ -118,13 +114,12 @@ async fn batch_mode_stores_good_entries_and_reports_bad_ones() {
     assert_eq!(got, vec!["ok-1", "ok-2"]);
 
     // A batch where nothing is valid is refused as a whole, with the per-entry reasons.
-    let r = client
-        .post(sluice.events_url())
-        .header("content-type", "application/cloudevents-batch+json")
-        .body(json!([{"specversion": "1.0"}]).to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = sluice_tests::send_batch(
+        &client,
+        &sluice.events_url(),
+        json!([{"specversion": "1.0"}]).to_string(),
+    )
+    .await;
     let p = problem(r, StatusCode::BAD_REQUEST).await;
     assert_eq!(p["failedEntryCount"], 1);
     assert_eq!(p["entries"][0]["error"]["field"], "id");
@@ -247,38 +242,31 @@ async fn limits_are_enforced_with_413() {
     assert_eq!(p["field"], "limits.max_event_bytes");
 
     let four: Vec<Value> = (0..4).map(|i| structured_event(&format!("e{i}"))).collect();
-    let r = client
-        .post(sluice.events_url())
-        .header("content-type", "application/cloudevents-batch+json")
-        .body(Value::Array(four).to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = sluice_tests::send_batch(
+        &client,
+        &sluice.events_url(),
+        Value::Array(four).to_string(),
+    )
+    .await;
     let p = problem(r, StatusCode::PAYLOAD_TOO_LARGE).await;
     assert_eq!(p["field"], "limits.max_batch_events");
 
     let mut huge = structured_event("huge");
     huge["data"] = json!("y".repeat(9000));
-    let r = client
-        .post(sluice.events_url())
-        .header("content-type", "application/cloudevents-batch+json")
-        .body(json!([huge]).to_string())
-        .send()
-        .await
-        .unwrap();
+    let r =
+        sluice_tests::send_batch(&client, &sluice.events_url(), json!([huge]).to_string()).await;
     let p = problem(r, StatusCode::PAYLOAD_TOO_LARGE).await;
     assert_eq!(p["field"], "limits.max_batch_bytes");
 
     // One entry over the per-event limit fails alone; the rest of the batch is stored.
     let mut fat = structured_event("fat");
     fat["data"] = json!("z".repeat(3000));
-    let r = client
-        .post(sluice.events_url())
-        .header("content-type", "application/cloudevents-batch+json")
-        .body(json!([structured_event("thin"), fat]).to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = sluice_tests::send_batch(
+        &client,
+        &sluice.events_url(),
+        json!([structured_event("thin"), fat]).to_string(),
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::ACCEPTED);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["entries"][1]["error"]["status"], 413);
@@ -561,4 +549,169 @@ async fn probes_and_graceful_shutdown() {
     got.sort();
     got.dedup();
     assert_eq!(got.len(), 50);
+}
+
+/// A JSON document nested `depth` arrays deep.
+fn nested(depth: usize) -> Vec<u8> {
+    let mut body = "[".repeat(depth);
+    body.push_str(&"]".repeat(depth));
+    body.into_bytes()
+}
+
+/// Whatever a producer sends is refused with a 4xx or can be delivered.
+#[tokio::test]
+async fn hostile_events_are_refused_and_never_stall_the_shard() {
+    let receiver = Receiver::start().await;
+    // One shard and no dead-letter destination: an accepted event that cannot be delivered
+    // would hold back every event after it.
+    let sluice = Sluice::builder()
+        .http_target("hook", &receiver.url("/hook"), "timeout = \"2s\"")
+        .shards(1)
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    let url = sluice.events_url();
+    let json = "application/json";
+    let hostile: Vec<(&str, reqwest::RequestBuilder, &str)> = vec![
+        (
+            "lone surrogate",
+            binary_raw(&client, &url, &[("ce-id", "h-1")], json, br#""\ud800""#.to_vec()),
+            "data",
+        ),
+        (
+            "invalid UTF-8 in a JSON string",
+            binary_raw(&client, &url, &[("ce-id", "h-2")], json, b"\"\xff\xfe\"".to_vec()),
+            "data",
+        ),
+        (
+            "nesting past the decoder's limit",
+            binary_raw(&client, &url, &[("ce-id", "h-3")], json, nested(128)),
+            "data",
+        ),
+        (
+            "a number out of range",
+            binary_raw(&client, &url, &[("ce-id", "h-4")], json, b"1e400".to_vec()),
+            "data",
+        ),
+        (
+            "a newline in the id",
+            binary_raw(&client, &url, &[("ce-id", "h%0A5")], json, b"{}".to_vec()),
+            "ce-id",
+        ),
+        (
+            "text data that is an object",
+            client
+                .post(&url)
+                .header("content-type", "application/cloudevents+json")
+                .body(
+                    r#"{"specversion":"1.0","id":"h-6","source":"/t","type":"t","datacontenttype":"text/plain","data":{"a":1}}"#,
+                ),
+            "data",
+        ),
+    ];
+    let mut answers = Vec::new();
+    for (what, request, field) in hostile {
+        let r = request.send().await.unwrap();
+        let status = r.status().as_u16();
+        let content_type = r
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string());
+        let body: Value = r.json().await.unwrap_or(Value::Null);
+        answers.push((what, status, content_type, body, field));
+    }
+    // An id that needs percent-encoding in a header is fine: it is encoded at delivery.
+    // (Binary mode: the producer percent-encodes it; delivery encodes it the same way.)
+    post(&client, &url, "caf%C3%A9%20%22quoted%22%20100%25", "{}").await;
+    post(&client, &url, "good-after", r#"{"n":1}"#).await;
+    let got = receiver
+        .wait_for(Duration::from_secs(15), |r| {
+            r.iter().any(|r| r.header("ce-id") == Some("good-after"))
+        })
+        .await;
+    assert_eq!(
+        got.iter()
+            .filter_map(|r| r.header("ce-id"))
+            .collect::<Vec<_>>(),
+        vec!["caf%C3%A9%20%22quoted%22%20100%25", "good-after"],
+        "only the two good events reach the target, in order"
+    );
+    for (what, status, content_type, body, field) in answers {
+        assert_eq!(status, 400, "{what}: {body}");
+        assert_eq!(
+            content_type.as_deref(),
+            Some("application/problem+json"),
+            "{what}"
+        );
+        assert_eq!(body["field"], field, "{what}: {body}");
+    }
+}
+
+/// Opens a request that holds a concurrency slot: the head and part of the body, then
+/// nothing (the rest would come later).
+async fn slow_request(sluice: &Sluice) -> tokio::net::TcpStream {
+    let mut stream = tokio::net::TcpStream::connect(sluice.addr()).await.unwrap();
+    let head = "POST /buses/default/events HTTP/1.1\r\nhost: x\r\nce-specversion: 1.0\r\nce-id: slow\r\nce-source: /t\r\nce-type: t\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream
+}
+
+/// Probes (and the admin API) bypass the load shedder.
+#[tokio::test]
+async fn probes_answer_while_the_request_limit_is_saturated() {
+    let sluice = Sluice::builder()
+        .limits("max_concurrent_requests = 2\nrequest_timeout = \"60s\"")
+        .start()
+        .await;
+    // Each must hold a slot: one that was itself shed (answered at once, as can happen on a
+    // loaded machine when the two race) is opened again.
+    let mut slow = Vec::new();
+    for _ in 0..20 {
+        if slow.len() == 2 {
+            break;
+        }
+        let stream = slow_request(&sluice).await;
+        let mut first = [0u8; 1];
+        match tokio::time::timeout(Duration::from_millis(300), stream.peek(&mut first)).await {
+            Err(_) => slow.push(stream),
+            Ok(_) => continue,
+        }
+    }
+    assert_eq!(slow.len(), 2, "two requests hold the two slots");
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    // Saturated once a new event is shed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = sluice_tests::binary(&client, &sluice.events_url(), "shed", "{}")
+            .send()
+            .await
+            .unwrap();
+        if r.status().as_u16() == 503 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never saturated: {}", r.status());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The limit is one for the whole API, not one per route.
+    let r = client
+        .post(sluice.url("/webhooks/nope"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503, "other routes are shed too");
+    // The admin API is not behind the ingress limit: operators can act on an overloaded
+    // gateway.
+    let r = client
+        .get(sluice.url("/api/v1/cluster"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "the admin API under load");
+    for probe in ["/healthz", "/readyz"] {
+        let r = client.get(sluice.url(probe)).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{probe} under load");
+    }
 }

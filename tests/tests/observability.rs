@@ -22,34 +22,34 @@ async fn metrics_count_requests_appends_deliveries_and_report_lag_and_tasks() {
     let sluice = Sluice::start().await;
     let client = reqwest::Client::new();
     for i in 0..3 {
-        let r = binary(&client, &sluice.events_url(), &format!("m-{i}"), "{}")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 202);
+        sluice_tests::send_expecting(
+            binary(&client, &sluice.events_url(), &format!("m-{i}"), "{}"),
+            202,
+        )
+        .await;
     }
     // A bad event, and an unknown bus (whose name must not become a label).
-    let r = client
-        .post(sluice.events_url())
-        .header("ce-specversion", "1.0")
-        .header("ce-id", "x")
-        .header("ce-type", "t")
-        .header("content-type", "application/json")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
-    let r = binary(
-        &client,
-        &sluice.url("/buses/no-such-bus-42/events"),
-        "y",
-        "{}",
+    sluice_tests::send_expecting(
+        client
+            .post(sluice.events_url())
+            .header("ce-specversion", "1.0")
+            .header("ce-id", "x")
+            .header("ce-type", "t")
+            .header("content-type", "application/json")
+            .body("{}"),
+        400,
     )
-    .send()
-    .await
-    .unwrap();
-    assert_eq!(r.status(), 404);
+    .await;
+    sluice_tests::send_expecting(
+        binary(
+            &client,
+            &sluice.url("/buses/no-such-bus-42/events"),
+            "y",
+            "{}",
+        ),
+        404,
+    )
+    .await;
     sluice
         .wait_delivered(Duration::from_secs(10), |e| e.len() >= 3)
         .await;
@@ -152,11 +152,11 @@ async fn metrics_count_requests_appends_deliveries_and_report_lag_and_tasks() {
         .wait_states("default/all-events/delivered#", "PAUSED", 4)
         .await;
     for i in 0..5 {
-        let r = binary(&client, &sluice.events_url(), &format!("paused-{i}"), "{}")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 202);
+        sluice_tests::send_expecting(
+            binary(&client, &sluice.events_url(), &format!("paused-{i}"), "{}"),
+            202,
+        )
+        .await;
     }
     let lag = || async {
         let text = sluice.metrics().await;
@@ -206,12 +206,7 @@ async fn scaling_signal_reports_the_cluster_backlog_from_any_replica() {
     a.wait_members(2).await;
     a.wait_tasks_settled(4, 2).await;
     let client = reqwest::Client::new();
-    let r = client
-        .post(a.url("/admin/connectors/default/all-events/delivered/pause"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 202);
+    sluice_tests::admin::act(&a, "/admin/connectors/default/all-events/delivered/pause").await;
     a.wait_states("default/all-events/delivered#", "PAUSED", 4)
         .await;
     let accepted =
@@ -249,20 +244,10 @@ async fn scaling_signal_reports_the_cluster_backlog_from_any_replica() {
         }
     }
     // Capped by the tasks there are to run, and by max_replicas.
-    let body: serde_json::Value = scaling(&a, "?target_lag=1")
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(body["desired_replicas"], 4, "{body}");
-    let body: serde_json::Value = scaling(&a, "?target_lag=1&max_replicas=2")
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(body["desired_replicas"], 2, "{body}");
+    for (query, desired) in [("?target_lag=1", 4), ("?target_lag=1&max_replicas=2", 2)] {
+        let body: serde_json::Value = scaling(&a, query).await.unwrap().json().await.unwrap();
+        assert_eq!(body["desired_replicas"], desired, "{query}: {body}");
+    }
     // A bad parameter is a problem naming it.
     let r = scaling(&a, "?target_lag=none").await.unwrap();
     assert_eq!(r.status(), 400);
@@ -271,12 +256,7 @@ async fn scaling_signal_reports_the_cluster_backlog_from_any_replica() {
     assert_eq!(problem["field"], "target_lag", "{problem}");
 
     // Resumed, the backlog drains and one replica is enough.
-    let r = client
-        .post(b.url("/admin/connectors/default/all-events/delivered/resume"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 202);
+    sluice_tests::admin::act(&b, "/admin/connectors/default/all-events/delivered/resume").await;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let body: serde_json::Value = scaling(&b, "").await.unwrap().json().await.unwrap();
@@ -297,47 +277,37 @@ async fn trace_context_crosses_the_gateway_and_requests_have_ids() {
     use sluice_tests::receiver::Receiver;
     let binary_rx = Receiver::start().await;
     let structured_rx = Receiver::start().await;
-    let rules = format!(
-        r#"
-[[rules]]
-name = "hooks"
-bus = "default"
-
-[[rules.targets]]
-type = "http"
-name = "bin"
-url = "{}"
-
-[[rules.targets]]
-type = "http"
-name = "structured"
-url = "{}"
-mode = "structured"
-"#,
-        binary_rx.url("/b"),
-        structured_rx.url("/s")
+    // One rule, two targets: the second's table follows the first's settings.
+    let rules = sluice_tests::target_rule(
+        "hooks",
+        "http",
+        "bin",
+        &format!(
+            "url = \"{}\"\n\n[[rules.targets]]\ntype = \"http\"\nname = \"structured\"\nurl = \"{}\"\nmode = \"structured\"",
+            binary_rx.url("/b"),
+            structured_rx.url("/s")
+        ),
     );
     let sluice = Sluice::builder().extra(&rules).start().await;
     let client = reqwest::Client::new();
     let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-    let r = binary(&client, &sluice.events_url(), "traced", "{}")
-        .header("traceparent", parent)
-        .header("tracestate", "congo=t61rcWkgMzE")
-        .header("x-request-id", "req-123")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 202);
+    let r = sluice_tests::send_expecting(
+        binary(&client, &sluice.events_url(), "traced", "{}")
+            .header("traceparent", parent)
+            .header("tracestate", "congo=t61rcWkgMzE")
+            .header("x-request-id", "req-123"),
+        202,
+    )
+    .await;
     assert_eq!(r.headers()["x-request-id"], "req-123");
-    let r = binary(&client, &sluice.events_url(), "bad-trace", "{}")
-        .header(
+    let r = sluice_tests::send_expecting(
+        binary(&client, &sluice.events_url(), "bad-trace", "{}").header(
             "traceparent",
             "00-00000000000000000000000000000000-b7ad6b7169203331-01",
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 202);
+        ),
+        202,
+    )
+    .await;
     let generated = r.headers()["x-request-id"].to_str().unwrap().to_string();
     assert_eq!(
         generated.len(),
@@ -389,24 +359,20 @@ async fn spans_are_exported_over_otlp_and_continue_the_callers_trace() {
     // The first export fails: the next ones must still come.
     collector.script([Reply::Status(503)]);
     let target = Receiver::start().await;
-    let extra = format!(
+    let tracing = format!(
         r#"
-[[rules]]
-name = "hooks"
-bus = "default"
-
-[[rules.targets]]
-type = "http"
-name = "bin"
-url = "{}"
-
 [tracing]
 otlp_endpoint = "{}"
 service_name = "sluice-e2e"
 otlp_headers = {{ "x-collector-key" = "env:OTLP_TEST_KEY" }}
 "#,
-        target.url("/b"),
         collector.url("")
+    );
+    let extra = sluice_tests::target_rule(
+        "hooks",
+        "http",
+        "bin",
+        &format!("url = \"{}\"\n{tracing}", target.url("/b")),
     );
     let sluice = Sluice::builder()
         .extra(&extra)

@@ -74,10 +74,7 @@ async fn rocketmq_source_maps_cloudevents_wraps_others_and_resumes_from_stored_p
     let events = sluice
         .wait_delivered(Duration::from_secs(60), |e| e.len() >= 5)
         .await;
-    let native = events
-        .iter()
-        .find(|e| e["id"] == "ce-1")
-        .expect("the CloudEvent");
+    let native = sluice_tests::find_event(&events, "ce-1");
     assert_eq!(native["type"], "com.example.native");
     assert_eq!(native["source"], "/mq");
     assert_eq!(native["tenant"], "acme");

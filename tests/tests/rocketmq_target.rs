@@ -13,23 +13,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sluice_tests::rocketmq::{Received, RocketMq};
-use sluice_tests::{post_batch, Sluice};
+use sluice_tests::{post_batch, target_rule, Sluice};
 
 /// A rule from bus `default` to a `rocketmq` target with default settings plus `extra`.
 fn target(name_server: &str, topic: &str, extra: &str) -> String {
-    format!(
-        r#"
-[[rules]]
-name = "to-mq"
-bus = "default"
-
-[[rules.targets]]
-type = "rocketmq"
-name = "mq"
-name_server = "{name_server}"
-topic = "{topic}"
-{extra}
-"#
+    target_rule(
+        "to-mq",
+        "rocketmq",
+        "mq",
+        &format!("name_server = \"{name_server}\"\ntopic = \"{topic}\"\n{extra}"),
     )
 }
 
@@ -166,6 +158,32 @@ impl Ledger {
     }
 }
 
+/// Reads back what `keys` (`per_key` events each, posted without faults) left in `topic`:
+/// each key on one queue in posted order, no queue change, no duplicate, nothing lost.
+async fn assert_stored_in_order(
+    mq: &RocketMq,
+    topic: &str,
+    sluice: &Sluice,
+    keys: &[impl AsRef<str>],
+    per_key: usize,
+    what: &str,
+) {
+    let stored = mq.read_queues(topic, keys.len() * per_key).await;
+    let posted: BTreeMap<String, usize> = keys
+        .iter()
+        .map(|k| (k.as_ref().to_string(), per_key))
+        .collect();
+    let ledger = Ledger::of(&stored, &posted);
+    ledger.report(what, stored.len());
+    ledger.assert_one_queue_and_posted_order(&posted);
+    Ledger::assert_no_queue_change(sluice);
+    assert_eq!(
+        ledger.duplicates, 0,
+        "no duplicates in a run without faults"
+    );
+    assert_eq!(stored.len(), keys.len() * per_key);
+}
+
 /// The issue's reproduction: a fresh topic, 300 binary-mode events posted one request at a
 /// time, keys a..e in turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,17 +199,7 @@ async fn each_key_stays_on_one_queue_in_order_posted_one_request_at_a_time() {
             post_keyed(&client, &sluice.events_url(), key, n).await;
         }
     }
-    let stored = mq.read_queues(topic, keys.len() * PER_KEY).await;
-    let posted: BTreeMap<String, usize> = keys.iter().map(|k| (k.to_string(), PER_KEY)).collect();
-    let ledger = Ledger::of(&stored, &posted);
-    ledger.report("one request at a time", stored.len());
-    ledger.assert_one_queue_and_posted_order(&posted);
-    Ledger::assert_no_queue_change(&sluice);
-    assert_eq!(
-        ledger.duplicates, 0,
-        "no duplicates in a run without faults"
-    );
-    assert_eq!(stored.len(), keys.len() * PER_KEY);
+    assert_stored_in_order(&mq, topic, &sluice, &keys, PER_KEY, "one request at a time").await;
 }
 
 /// Batch-mode requests of several keys interleaved, on a fresh topic.
@@ -210,17 +218,7 @@ async fn each_key_stays_on_one_queue_in_order_posted_in_batches() {
             .collect();
         post_batch(&client, &sluice.events_url(), batch).await;
     }
-    let stored = mq.read_queues(topic, keys.len() * PER_KEY).await;
-    let posted: BTreeMap<String, usize> = keys.iter().map(|k| (k.clone(), PER_KEY)).collect();
-    let ledger = Ledger::of(&stored, &posted);
-    ledger.report("batches", stored.len());
-    ledger.assert_one_queue_and_posted_order(&posted);
-    Ledger::assert_no_queue_change(&sluice);
-    assert_eq!(
-        ledger.duplicates, 0,
-        "no duplicates in a run without faults"
-    );
-    assert_eq!(stored.len(), keys.len() * PER_KEY);
+    assert_stored_in_order(&mq, topic, &sluice, &keys, PER_KEY, "batches").await;
 }
 
 /// The broker restarts (SIGTERM, start again) while events keep coming: nothing is lost,
@@ -281,27 +279,28 @@ async fn a_topic_the_broker_will_not_create_is_reported_with_how_to_create_it() 
     let client = reqwest::Client::new();
     post_keyed(&client, &sluice.events_url(), "a", 0).await;
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let reason = loop {
-        let view = sluice.cluster_view().await;
-        let reason = view["statuses"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| s["state"] == "FAILED")
-            .filter_map(|s| s["reason"].as_str())
-            .find(|r| r.contains(topic))
-            .map(str::to_string);
-        if let Some(reason) = reason {
-            break reason;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no status about the missing topic: {view}\n{}",
-            sluice.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let reason = sluice_tests::eventually(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let view = sluice.cluster_view().await;
+            view["statuses"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|s| s["state"] == "FAILED")
+                .filter_map(|s| s["reason"].as_str())
+                .find(|r| r.contains(topic))
+                .map(str::to_string)
+                .ok_or_else(|| {
+                    format!(
+                        "no status about the missing topic: {view}\n{}",
+                        sluice.log()
+                    )
+                })
+        },
+    )
+    .await;
     println!("status: {reason}");
     assert!(
         reason.contains("autoCreateTopicEnable = false")
@@ -412,13 +411,13 @@ async fn every_accepted_event_becomes_a_message_the_broker_takes() {
     // CloudEvents forbids control characters in attributes, so ingress refuses it (the
     // target's own encoding of them is covered by its unit tests, for values a transform
     // makes).
-    let r = sluice_tests::binary(&client, &url, "forged", r#"{"key":"p"}"#)
-        .header("ce-partitionkey", "p")
-        .header("ce-evil", "x%02_SYS_MSG_PRIORITY_%017")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 400);
+    let r = sluice_tests::send_expecting(
+        sluice_tests::binary(&client, &url, "forged", r#"{"key":"p"}"#)
+            .header("ce-partitionkey", "p")
+            .header("ce-evil", "x%02_SYS_MSG_PRIORITY_%017"),
+        400,
+    )
+    .await;
     assert!(r.text().await.unwrap().contains("evil"));
     // No data at all.
     let r = client
@@ -508,13 +507,7 @@ async fn rocketmq_target_unreachable_name_server_is_retried_not_dropped() {
         .extra(&target(&format!("127.0.0.1:{port}"), "Late", ""))
         .start()
         .await;
-    sluice_tests::post(
-        &reqwest::Client::new(),
-        &sluice.events_url(),
-        "late-1",
-        "{}",
-    )
-    .await;
+    sluice_tests::post_event(&sluice, "late-1").await;
     let failures = |log: &str| log.matches("delivery failed").count();
     let deadline = Instant::now() + Duration::from_secs(30);
     while failures(&sluice.log()) < 3 {

@@ -10,8 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sluice_tests::receiver::Receiver;
-use sluice_tests::{check_config, post, Sluice};
+use sluice_tests::receiver::{Receiver, Reply};
+use sluice_tests::{check_config, post, wait_jsonl, Sluice};
 
 /// The answer to a JSON request to the admin API: status and body.
 async fn send(method: reqwest::Method, url: &str, body: Option<Value>) -> (u16, Value) {
@@ -40,6 +40,12 @@ async fn get(sluice: &Sluice, path: &str) -> (u16, Value) {
 }
 
 /// A rule of the bus `default` with one http target.
+/// `PUT`s rule `name` of bus `default`: one HTTP target to `url`.
+async fn put_http_rule(sluice: &Sluice, name: &str, url: &str) -> (u16, Value) {
+    let path = format!("/api/v1/buses/default/rules/{name}");
+    put(sluice, &path, http_rule(url, json!({}))).await
+}
+
 fn http_rule(url: &str, extra: Value) -> Value {
     let mut target = json!({"type": "http", "name": "out", "url": url});
     if let (Some(target), Some(extra)) = (target.as_object_mut(), extra.as_object()) {
@@ -107,7 +113,7 @@ async fn a_rule_cannot_read_variables_that_are_not_exposed() {
     let (status, _) = get(&sluice, "/api/v1/buses/default/rules/exfil").await;
     assert_eq!(status, 404);
 
-    post(&reqwest::Client::new(), &sluice.events_url(), "e-1", "{}").await;
+    sluice_tests::post_event(&sluice, "e-1").await;
     sluice
         .wait_delivered(Duration::from_secs(10), |e| e.len() == 1)
         .await;
@@ -298,13 +304,12 @@ async fn data_files_are_private_to_the_gateway_user() {
         .start()
         .await;
     let client = reqwest::Client::new();
-    for i in 0..5 {
-        post(&client, &sluice.events_url(), &format!("p-{i}"), "{}").await;
-    }
+    sluice_tests::post_many(&client, &sluice.events_url(), "p", 0..5, |_| {
+        "{}".to_string()
+    })
+    .await;
     let bus = sluice.url("/buses/dedup/events");
-    for i in 0..3 {
-        post(&client, &bus, &format!("d-{i}"), "{}").await;
-    }
+    sluice_tests::post_many(&client, &bus, "d", 0..3, |_| "{}".to_string()).await;
     // A change through the API rewrites catalog.json.
     let rule =
         json!({"targets": [{"type": "file", "name": "f", "path": "{data_dir}/api/out.jsonl"}]});
@@ -363,36 +368,18 @@ async fn file_targets_write_only_under_the_allowed_roots() {
     let sluice = Sluice::builder().file_root(root.path()).start().await;
     let file_rule = |path: &str| json!({"targets": [{"type": "file", "name": "f", "path": path}]});
     let pwned = outside.path().join("anywhere/pwned.jsonl");
-    let answer = put(
-        &sluice,
-        "/api/v1/buses/default/rules/x",
-        file_rule(&pwned.to_string_lossy()),
-    )
-    .await;
-    refused(
-        &answer,
-        "/targets/0/path",
-        "is outside the allowed file roots",
-    );
-    let answer = put(
-        &sluice,
-        "/api/v1/buses/default/rules/x",
-        file_rule("{data_dir}/../escape.jsonl"),
-    )
-    .await;
-    refused(&answer, "/targets/0/path", "contains `..`");
+    let (x, at) = ("/api/v1/buses/default/rules/x", "/targets/0/path");
+    let answer = put(&sluice, x, file_rule(&pwned.to_string_lossy())).await;
+    refused(&answer, at, "is outside the allowed file roots");
+    let answer = put(&sluice, x, file_rule("{data_dir}/../escape.jsonl")).await;
+    refused(&answer, at, "contains `..`");
     std::os::unix::fs::symlink(outside.path(), sluice.data_dir().join("escape")).unwrap();
-    let answer = put(
-        &sluice,
-        "/api/v1/buses/default/rules/x",
-        file_rule("{data_dir}/escape/pwned.jsonl"),
-    )
-    .await;
-    refused(&answer, "/targets/0/path", "resolves to");
+    let answer = put(&sluice, x, file_rule("{data_dir}/escape/pwned.jsonl")).await;
+    refused(&answer, at, "resolves to");
     // Dead-letter targets are targets too.
     let dead = json!({"targets": [{"type": "http", "name": "h", "url": "http://127.0.0.1:9/",
         "dead_letter": {"target": {"type": "file", "name": "d", "path": pwned.to_string_lossy()}}}]});
-    let answer = put(&sluice, "/api/v1/buses/default/rules/x", dead).await;
+    let answer = put(&sluice, x, dead).await;
     refused(&answer, "/targets/0/dead_letter/target/path", "outside");
 
     let listed = root.path().join("out/listed.jsonl");
@@ -435,35 +422,55 @@ async fn metadata_addresses_are_refused_unless_allowed() {
         "http://[::ffff:169.254.169.254]/",
         "http://100.100.100.200/latest/meta-data",
     ] {
-        let answer = put(
-            &sluice,
-            "/api/v1/buses/default/rules/meta",
-            http_rule(url, json!({})),
-        )
-        .await;
+        let answer = put_http_rule(&sluice, "meta", url).await;
         refused(&answer, "/targets/0/url", "targets.allow_private_egress");
     }
     let function = json!({"targets": [{"type": "function", "name": "fn",
         "url": "http://169.254.169.254/fn", "reply_bus": "default"}]});
     let answer = put(&sluice, "/api/v1/buses/default/rules/meta", function).await;
     refused(&answer, "/targets/0/url", "cloud metadata");
-    let (status, body) = put(
-        &sluice,
-        "/api/v1/buses/default/rules/local",
-        http_rule("http://127.0.0.1:9/hook", json!({})),
-    )
-    .await;
+    let (status, body) = put_http_rule(&sluice, "local", "http://127.0.0.1:9/hook").await;
     assert_eq!(status, 201, "{body}");
 
     let allowed = Sluice::builder()
         .extra("\n[targets]\nallow_private_egress = true\n")
         .start()
         .await;
-    let (status, body) = put(
-        &allowed,
-        "/api/v1/buses/default/rules/meta",
-        http_rule("http://169.254.169.254/latest/meta-data", json!({})),
-    )
-    .await;
+    let metadata = "http://169.254.169.254/latest/meta-data";
+    let (status, body) = put_http_rule(&allowed, "meta", metadata).await;
     assert_eq!(status, 201, "{body}");
+}
+
+/// Credentials and query strings of target URLs are never shown.
+#[tokio::test]
+async fn target_url_secrets_stay_out_of_logs_status_and_dead_letters() {
+    let receiver = Receiver::start().await;
+    receiver.default_reply(Reply::Status(400));
+    // (A password in the URL itself is refused: the catalog holds no secret.)
+    let refused = receiver.url("/hook?token=t0k3n");
+    let closed_port = sluice_tests::free_port();
+    let unreachable = format!("http://127.0.0.1:{closed_port}/hook?token=t0k3n");
+    let dead = "[rules.targets.retry]\nmax_attempts = 1\n[rules.targets.dead_letter.target]\ntype = \"file\"\nname = \"dead\"\npath = \"{data_dir}/dead.jsonl\"";
+    let dead = format!("timeout = \"2s\"\n{dead}");
+    let sluice = Sluice::builder()
+        .http_target("refused", &refused, &dead)
+        .http_target("unreachable", &unreachable, &dead)
+        .start()
+        .await;
+    sluice_tests::post_event(&sluice, "s-1").await;
+    let dead_path = sluice.data_dir().join("dead.jsonl");
+    let letters = wait_jsonl(&dead_path, Duration::from_secs(15), |e| e.len() >= 2).await;
+    let status = sluice.cluster_view().await;
+    let shown = format!(
+        "{}\n{}\n{status}",
+        std::fs::read_to_string(&dead_path).unwrap(),
+        sluice.log()
+    );
+    assert!(
+        letters
+            .iter()
+            .any(|l| l["deadlettertarget"].as_str().unwrap().contains("?***")),
+        "{letters:?}"
+    );
+    assert!(!shown.contains("t0k3n"), "the token is shown:\n{shown}");
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use sluice_tests::receiver::{Receiver, Reply};
-use sluice_tests::{bus_to_file, post, wait_jsonl, Sluice};
+use sluice_tests::{bus_to_file, post, target_rule, Sluice};
 
 #[tokio::test]
 async fn redis_stream_target_xadds_with_maxlen() {
@@ -15,31 +15,18 @@ async fn redis_stream_target_xadds_with_maxlen() {
         sluice_tests::free_port()
     );
     let url = sluice_tests::shared_redis("redis-stream").0;
-    let extra = format!(
-        r#"
-[[rules]]
-name = "to-redis"
-bus = "default"
-
-[[rules.targets]]
-type = "redis-stream"
-name = "stream"
-url = "{url}"
-stream = "{stream}"
-maxlen = 50
-"#
+    let extra = target_rule(
+        "to-redis",
+        "redis-stream",
+        "stream",
+        &format!("url = \"{url}\"\nstream = \"{stream}\"\nmaxlen = 50"),
     );
     let sluice = Sluice::builder().extra(&extra).start().await;
     let client = reqwest::Client::new();
-    for i in 0..5 {
-        post(
-            &client,
-            &sluice.events_url(),
-            &format!("rs-{i}"),
-            &format!(r#"{{"i":{i}}}"#),
-        )
-        .await;
-    }
+    sluice_tests::post_many(&client, &sluice.events_url(), "rs", 0..5, |i| {
+        format!(r#"{{"i":{i}}}"#)
+    })
+    .await;
     let redis = redis::Client::open(url.as_str()).unwrap();
     let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -124,17 +111,7 @@ maxlen = 50
 
 #[tokio::test]
 async fn bus_target_puts_events_on_another_bus() {
-    let extra = bus_to_file("audit")
-        + r#"
-[[rules]]
-name = "copy"
-bus = "default"
-
-[[rules.targets]]
-type = "bus"
-name = "to-audit"
-bus = "audit"
-"#;
+    let extra = bus_to_file("audit") + &target_rule("copy", "bus", "to-audit", "bus = \"audit\"");
     let sluice = Sluice::builder().extra(&extra).start().await;
     post(
         &reqwest::Client::new(),
@@ -143,31 +120,36 @@ bus = "audit"
         r#"{"a":1}"#,
     )
     .await;
-    let copied = wait_jsonl(
-        &sluice.data_dir().join("audit.jsonl"),
-        Duration::from_secs(10),
-        |e| !e.is_empty(),
-    )
-    .await;
+    let copied = first_events(&sluice, "audit.jsonl", 10).await;
     assert_eq!(copied[0]["id"], "copy-1");
     assert_eq!(copied[0]["data"]["a"], 1);
 }
 
 fn function_rule(url: &str, reply_bus: &str, extra: &str) -> String {
-    format!(
-        r#"
-[[rules]]
-name = "fn"
-bus = "default"
-
-[[rules.targets]]
-type = "function"
-name = "fn"
-url = "{url}"
-reply_bus = "{reply_bus}"
-{extra}
-"#
+    target_rule(
+        "fn",
+        "function",
+        "fn",
+        &format!("url = \"{url}\"\nreply_bus = \"{reply_bus}\"\n{extra}"),
     )
+}
+
+/// A gateway whose function target (`function`) replies onto the bus `replies` and
+/// dead-letters onto `dlq`, both written to files.
+async fn with_function_and_dlq(function: &Receiver) -> Sluice {
+    let extra = bus_to_file("dlq")
+        + &bus_to_file("replies")
+        + &function_rule(
+            &function.url("/fn"),
+            "replies",
+            "[rules.targets.dead_letter]\nbus = \"dlq\"",
+        );
+    Sluice::builder().extra(&extra).start().await
+}
+
+/// The events of `{data_dir}/{file}` once there are any (waiting `secs` at most).
+async fn first_events(sluice: &Sluice, file: &str, secs: u64) -> Vec<serde_json::Value> {
+    sluice_tests::wait_file(sluice, file, Duration::from_secs(secs), |e| !e.is_empty()).await
 }
 
 fn ce_reply(id: &str) -> Reply {
@@ -197,12 +179,7 @@ async fn function_target_reply_goes_to_the_reply_bus() {
         r#"{"x":1}"#,
     )
     .await;
-    let replies = wait_jsonl(
-        &sluice.data_dir().join("replies.jsonl"),
-        Duration::from_secs(10),
-        |e| !e.is_empty(),
-    )
-    .await;
+    let replies = first_events(&sluice, "replies.jsonl", 10).await;
     assert_eq!(replies[0]["id"], "reply-1");
     assert_eq!(replies[0]["type"], "com.example.reply");
     assert_eq!(replies[0]["data"]["enriched"], true);
@@ -223,13 +200,8 @@ async fn function_target_hop_counter_stops_a_loop() {
             "max_hops = 3\n[rules.targets.dead_letter]\nbus = \"dlq\"",
         );
     let sluice = Sluice::builder().extra(&extra).start().await;
-    post(&reqwest::Client::new(), &sluice.events_url(), "seed", "{}").await;
-    let dead = wait_jsonl(
-        &sluice.data_dir().join("dlq.jsonl"),
-        Duration::from_secs(10),
-        |e| !e.is_empty(),
-    )
-    .await;
+    sluice_tests::post_event(&sluice, "seed").await;
+    let dead = first_events(&sluice, "dlq.jsonl", 10).await;
     assert!(
         dead[0]["deadletterreason"]
             .as_str()
@@ -241,7 +213,7 @@ async fn function_target_hop_counter_stops_a_loop() {
     // seed + 3 replies reached the function, then the chain stopped: an event posted after
     // the dead letter is the fifth and last request (nothing of the loop came after it).
     function.default_reply(Reply::Status(204));
-    post(&reqwest::Client::new(), &sluice.events_url(), "after", "{}").await;
+    sluice_tests::post_event(&sluice, "after").await;
     let got = function
         .wait_for(Duration::from_secs(10), |r| {
             r.iter().any(|x| x.header("ce-id") == Some("after"))
@@ -264,21 +236,9 @@ async fn function_target_non_cloudevent_reply_is_an_error() {
         vec![("content-type".into(), "text/plain".into())],
         b"not an event".to_vec(),
     ));
-    let extra = bus_to_file("dlq")
-        + &bus_to_file("replies")
-        + &function_rule(
-            &function.url("/fn"),
-            "replies",
-            "[rules.targets.dead_letter]\nbus = \"dlq\"",
-        );
-    let sluice = Sluice::builder().extra(&extra).start().await;
-    post(&reqwest::Client::new(), &sluice.events_url(), "plain", "{}").await;
-    let dead = wait_jsonl(
-        &sluice.data_dir().join("dlq.jsonl"),
-        Duration::from_secs(10),
-        |e| !e.is_empty(),
-    )
-    .await;
+    let sluice = with_function_and_dlq(&function).await;
+    sluice_tests::post_event(&sluice, "plain").await;
+    let dead = first_events(&sluice, "dlq.jsonl", 10).await;
     assert_eq!(dead[0]["id"], "plain");
     assert!(dead[0]["deadletterreason"]
         .as_str()
@@ -293,14 +253,7 @@ async fn function_target_non_cloudevent_reply_is_an_error() {
 async fn function_target_empty_answer_is_a_plain_success() {
     let function = Receiver::start().await;
     function.default_reply(Reply::Status(204));
-    let extra = bus_to_file("replies")
-        + &bus_to_file("dlq")
-        + &function_rule(
-            &function.url("/fn"),
-            "replies",
-            "[rules.targets.dead_letter]\nbus = \"dlq\"",
-        );
-    let sluice = Sluice::builder().extra(&extra).start().await;
+    let sluice = with_function_and_dlq(&function).await;
     let client = reqwest::Client::new();
     post(&client, &sluice.events_url(), "quiet", "{}").await;
     let got = function
@@ -311,12 +264,7 @@ async fn function_target_empty_answer_is_a_plain_success() {
     // first one had every chance to be retried, dead-lettered or replied.
     function.script([ce_reply("loud-reply")]);
     post(&client, &sluice.events_url(), "loud", "{}").await;
-    let replies = wait_jsonl(
-        &sluice.data_dir().join("replies.jsonl"),
-        Duration::from_secs(10),
-        |e| !e.is_empty(),
-    )
-    .await;
+    let replies = first_events(&sluice, "replies.jsonl", 10).await;
     assert_eq!(replies.len(), 1);
     assert_eq!(replies[0]["id"], "loud-reply");
     let received = function.received();
@@ -341,27 +289,9 @@ async fn function_target_oversized_reply_is_dead_lettered_not_stored() {
     body.extend(std::iter::repeat_n(b'x', 9 * 1024 * 1024));
     body.extend(b"\"}");
     function.default_reply(Reply::Full(status, headers, body));
-    let extra = bus_to_file("dlq")
-        + &bus_to_file("replies")
-        + &function_rule(
-            &function.url("/fn"),
-            "replies",
-            "[rules.targets.dead_letter]\nbus = \"dlq\"",
-        );
-    let sluice = Sluice::builder().extra(&extra).start().await;
-    post(
-        &reqwest::Client::new(),
-        &sluice.events_url(),
-        "big-answer",
-        "{}",
-    )
-    .await;
-    let dead = wait_jsonl(
-        &sluice.data_dir().join("dlq.jsonl"),
-        Duration::from_secs(20),
-        |e| !e.is_empty(),
-    )
-    .await;
+    let sluice = with_function_and_dlq(&function).await;
+    sluice_tests::post_event(&sluice, "big-answer").await;
+    let dead = first_events(&sluice, "dlq.jsonl", 20).await;
     assert_eq!(dead[0]["id"], "big-answer");
     let reason = dead[0]["deadletterreason"].as_str().unwrap();
     assert!(reason.contains("over the reply limit"), "{reason}");

@@ -5,12 +5,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write as _;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
-use sluice_tests::{ids, post, python, repo_root, shared_redis, Sluice};
+use sluice_tests::{ids, post, python, repo_root, run_python, shared_redis, Sluice};
 
 /// (preset, secret, whether it signs a timestamp).
 const PRESETS: &[(&str, &str, bool)] = &[
@@ -125,27 +124,19 @@ fn sign_with(
     if let (Value::Object(i), Value::Object(e)) = (&mut input, extra) {
         i.extend(e);
     }
-    let mut child = Command::new(python())
-        .arg(repo_root().join("tests/scripts/sign_webhook.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{preset}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let headers: BTreeMap<String, String> = serde_json::from_slice(&out.stdout).unwrap();
+    let out = run_python("sign_webhook.py", &[], input.to_string().as_bytes());
+    let headers: BTreeMap<String, String> = serde_json::from_slice(&out).unwrap();
     headers.into_iter().collect()
+}
+
+/// [`send`] with a JSON body.
+async fn send_json(
+    client: &reqwest::Client,
+    url: &str,
+    body: &str,
+    headers: &[(String, String)],
+) -> (u16, Value) {
+    send(client, url, body, "application/json", headers).await
 }
 
 async fn send(
@@ -301,37 +292,18 @@ async fn handshakes_are_answered() {
     // Slack's url_verification, signed like every Slack request.
     let body = json!({"type": "url_verification", "token": "t", "challenge": "ch-123"}).to_string();
     let h = sign("slack", "slack-signing-secret", &body, ts, "x");
-    let (status, answer) = send(
-        &client,
-        &sluice.url("/webhooks/slack"),
-        &body,
-        "application/json",
-        &h,
-    )
-    .await;
+    let slack = sluice.url("/webhooks/slack");
+    let (status, answer) = send_json(&client, &slack, &body, &h).await;
     assert_eq!((status, &answer["challenge"]), (200, &json!("ch-123")));
     // Unsigned: refused, so the endpoint cannot be claimed by someone else.
-    let (status, _) = send(
-        &client,
-        &sluice.url("/webhooks/slack"),
-        &body,
-        "application/json",
-        &[],
-    )
-    .await;
+    let (status, _) = send_json(&client, &slack, &body, &[]).await;
     assert_eq!(status, 401);
 
     // Zoom's endpoint.url_validation: encryptedToken = hex HMAC-SHA256(secret, plainToken).
     let body = json!({"event": "endpoint.url_validation", "payload": {"plainToken": "qgg8vlvZRS6UYooatFL8Aw"}, "event_ts": ts * 1000}).to_string();
     let h = sign("zoom", "zoom-secret-token", &body, ts, "x");
-    let (status, answer) = send(
-        &client,
-        &sluice.url("/webhooks/zoom"),
-        &body,
-        "application/json",
-        &h,
-    )
-    .await;
+    let zoom = sluice.url("/webhooks/zoom");
+    let (status, answer) = send_json(&client, &zoom, &body, &h).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["plainToken"], "qgg8vlvZRS6UYooatFL8Aw");
     let out = Command::new(python())
@@ -399,14 +371,8 @@ async fn handshakes_are_answered() {
     assert_eq!(r.status().as_u16(), 404);
 
     // Unknown source.
-    let (status, answer) = send(
-        &client,
-        &sluice.url("/webhooks/nope"),
-        "{}",
-        "application/json",
-        &[],
-    )
-    .await;
+    let nope = sluice.url("/webhooks/nope");
+    let (status, answer) = send_json(&client, &nope, "{}", &[]).await;
     assert_eq!(status, 404);
     assert_eq!(answer["field"], "name");
 
@@ -566,7 +532,7 @@ async fn a_failed_append_records_no_delivery_id() {
     // Keys are a fixed-size hash of (webhook, delivery id), never the raw id.
     let key = format!(
         "{prefix}:dedup:{}",
-        sluice::webhooks::dedup::key(&["webhook", "github", "fail-1"])
+        sluice::store::dedup::key(&["webhook", "github", "fail-1"])
     );
     let exists: i64 = redis::cmd("EXISTS")
         .arg(&key)
@@ -606,22 +572,8 @@ async fn a_failed_append_records_no_delivery_id() {
 /// within one batch and across a restart; other buses are not deduplicated.
 #[tokio::test]
 async fn a_bus_with_a_dedup_window_stores_each_cloudevent_once() {
-    let extra = r#"
-[[buses]]
-name = "once"
-shards = 2
-dedup_window = "1h"
-
-[[rules]]
-name = "once-to-file"
-bus = "once"
-
-[[rules.targets]]
-type = "file"
-name = "once-file"
-path = "{data_dir}/once.jsonl"
-"#;
-    let mut sluice = Sluice::builder().extra(extra).start().await;
+    let extra = sluice_tests::bus_to_file_with("once", 2, "dedup_window = \"1h\"");
+    let mut sluice = Sluice::builder().extra(&extra).start().await;
     let client = reqwest::Client::new();
     let url = sluice.url("/buses/once/events");
     let post_one = |id: &'static str, source: &'static str| {
@@ -635,42 +587,33 @@ path = "{data_dir}/once.jsonl"
             .body("{}")
             .send()
     };
-    let status = |r: reqwest::Response| async move {
-        let code = r.status().as_u16();
-        let body: Value = r.json().await.unwrap();
-        (
-            code,
-            body["entries"][0]["status"]
-                .as_str()
-                .unwrap_or("")
-                .to_string(),
-        )
+    // The status code and the entry's status of one event posted.
+    let outcome = |id: &'static str, source: &'static str| {
+        let sent = post_one(id, source);
+        async move {
+            let r = sent.await.unwrap();
+            let code = r.status().as_u16();
+            let body: Value = r.json().await.unwrap();
+            let entry = body["entries"][0]["status"].as_str().unwrap_or("");
+            (code, entry.to_string())
+        }
     };
-    assert_eq!(
-        status(post_one("e1", "/a").await.unwrap()).await,
-        (202, "accepted".into())
-    );
-    assert_eq!(
-        status(post_one("e1", "/a").await.unwrap()).await,
-        (202, "duplicate".into())
-    );
-    assert_eq!(
-        status(post_one("e1", "/b").await.unwrap()).await,
-        (202, "accepted".into())
-    );
+    assert_eq!(outcome("e1", "/a").await, (202, "accepted".into()));
+    assert_eq!(outcome("e1", "/a").await, (202, "duplicate".into()));
+    assert_eq!(outcome("e1", "/b").await, (202, "accepted".into()));
     let batch = json!([
         {"specversion": "1.0", "id": "e1", "source": "/a", "type": "t"},
         {"specversion": "1.0", "id": "e2", "source": "/a", "type": "t"},
         {"specversion": "1.0", "id": "e2", "source": "/a", "type": "t"},
     ]);
-    let r = client
-        .post(&url)
-        .header("content-type", "application/cloudevents-batch+json")
-        .body(batch.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 202);
+    let r = sluice_tests::send_expecting(
+        client
+            .post(&url)
+            .header("content-type", "application/cloudevents-batch+json")
+            .body(batch.to_string()),
+        202,
+    )
+    .await;
     let body: Value = r.json().await.unwrap();
     let statuses: Vec<&str> = body["entries"]
         .as_array()
@@ -683,14 +626,8 @@ path = "{data_dir}/once.jsonl"
 
     sluice.terminate();
     sluice.restart().await;
-    assert_eq!(
-        status(post_one("e2", "/a").await.unwrap()).await,
-        (202, "duplicate".into())
-    );
-    assert_eq!(
-        status(post_one("e3", "/a").await.unwrap()).await,
-        (202, "accepted".into())
-    );
+    assert_eq!(outcome("e2", "/a").await, (202, "duplicate".into()));
+    assert_eq!(outcome("e3", "/a").await, (202, "accepted".into()));
     let path = sluice.data_dir().join("once.jsonl");
     let events = sluice_tests::wait_jsonl(&path, Duration::from_secs(30), |e| e.len() >= 4).await;
     let mut got: Vec<String> = events
@@ -717,23 +654,13 @@ path = "{data_dir}/once.jsonl"
 /// another; keys given hashed (`sha256:`) or through the environment.
 #[tokio::test]
 async fn a_bus_with_keys_refuses_requests_without_one() {
-    let extra = r#"
-[[buses]]
-name = "secured"
-shards = 1
-auth = { keys = ["env:SLUICE_SECRET_TEST_BUS_KEY", "sha256:a4ae87b73fa5645e6aee415a6f72be4dcbd99d057a7b40cb1b867c181d179260"] }
-
-[[rules]]
-name = "secured-to-file"
-bus = "secured"
-
-[[rules.targets]]
-type = "file"
-name = "secured-file"
-path = "{data_dir}/secured.jsonl"
-"#;
+    let extra = sluice_tests::bus_to_file_with(
+        "secured",
+        1,
+        r#"auth = { keys = ["env:SLUICE_SECRET_TEST_BUS_KEY", "sha256:a4ae87b73fa5645e6aee415a6f72be4dcbd99d057a7b40cb1b867c181d179260"] }"#,
+    );
     let sluice = Sluice::builder()
-        .extra(extra)
+        .extra(&extra)
         .env("SLUICE_SECRET_TEST_BUS_KEY", "from-the-env")
         .start()
         .await;
@@ -750,22 +677,15 @@ path = "{data_dir}/secured.jsonl"
     assert_eq!(r.status().as_u16(), 401);
     let problem: Value = r.json().await.unwrap();
     assert_eq!(problem["field"], "authorization");
-    let r = attempt("wrong", Some(("authorization", "Bearer nope")))
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 403);
-    let r = attempt("wrong2", Some(("x-api-key", "from-the-env-not")))
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 403);
-    let r = attempt("env", Some(("authorization", "Bearer from-the-env")))
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 202);
-    let r = attempt("hashed", Some(("x-api-key", "hashed-key")))
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 202);
+    for (id, header, status) in [
+        ("wrong", ("authorization", "Bearer nope"), 403),
+        ("wrong2", ("x-api-key", "from-the-env-not"), 403),
+        ("env", ("authorization", "Bearer from-the-env"), 202),
+        ("hashed", ("x-api-key", "hashed-key"), 202),
+    ] {
+        let r = attempt(id, Some(header)).await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "{id}");
+    }
     // Other buses stay open.
     post(&client, &sluice.events_url(), "open", "{}").await;
     let path = sluice.data_dir().join("secured.jsonl");
@@ -830,18 +750,13 @@ rate_limit = { per_second = 1, burst = 2 }
     post(&client, &sluice.events_url(), "free", "{}").await;
     // After the refill, accepted again.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let r = sluice_tests::binary(&client, &url, "rl-later", "{}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 202);
+    sluice_tests::send_expecting(sluice_tests::binary(&client, &url, "rl-later", "{}"), 202).await;
     accepted.push("rl-later".to_string());
-    let delivered = sluice_tests::wait_jsonl(
-        &sluice.data_dir().join("limited.jsonl"),
-        Duration::from_secs(10),
-        |e| e.len() >= accepted.len(),
-    )
-    .await;
+    let delivered =
+        sluice_tests::wait_file(&sluice, "limited.jsonl", Duration::from_secs(10), |e| {
+            e.len() >= accepted.len()
+        })
+        .await;
     assert_eq!(
         ids(&delivered),
         accepted,
@@ -951,15 +866,15 @@ type = {{ value = "com.example.order.created" }}
         202
     );
 
-    let r = order(
-        "bad-1",
-        "com.example.order.created",
-        r#"{"order_id":"o-2","total":1,"items":[{"sku":"a","quantity":0}]}"#,
+    let r = sluice_tests::send_expecting(
+        order(
+            "bad-1",
+            "com.example.order.created",
+            r#"{"order_id":"o-2","total":1,"items":[{"sku":"a","quantity":0}]}"#,
+        ),
+        400,
     )
-    .send()
-    .await
-    .unwrap();
-    assert_eq!(r.status(), 400);
+    .await;
     assert_eq!(r.headers()["content-type"], "application/problem+json");
     let problem: Value = r.json().await.unwrap();
     assert_eq!(problem["field"], "/data/items/0/quantity", "{problem}");
@@ -968,11 +883,11 @@ type = {{ value = "com.example.order.created" }}
         "{problem}"
     );
 
-    let r = order("bad-2", "com.example.order.created", r#"{"total":1}"#)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
+    let r = sluice_tests::send_expecting(
+        order("bad-2", "com.example.order.created", r#"{"total":1}"#),
+        400,
+    )
+    .await;
     let problem: Value = r.json().await.unwrap();
     assert!(
         problem["detail"].as_str().unwrap().contains("required"),
@@ -988,37 +903,30 @@ type = {{ value = "com.example.order.created" }}
             .status(),
         202
     );
-    let r = order("bad-3", "com.example.other", r#"{"x":1}"#)
-        .header(
+    sluice_tests::send_expecting(
+        order("bad-3", "com.example.other", r#"{"x":1}"#).header(
             "ce-dataschema",
             "https://sluice.dev/schemas/events/com.example.order.created.json",
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
+        ),
+        400,
+    )
+    .await;
 
     // Structured mode and a batch: the bad entry fails alone.
     let structured = json!({"specversion":"1.0","id":"ok-2","source":"/shop","type":"com.example.order.created","data":{"order_id":"o-3","total":0}});
-    let r = client
-        .post(&url)
-        .header("content-type", "application/cloudevents+json")
-        .body(structured.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 202);
+    sluice_tests::send_expecting(
+        client
+            .post(&url)
+            .header("content-type", "application/cloudevents+json")
+            .body(structured.to_string()),
+        202,
+    )
+    .await;
     let batch = json!([
         {"specversion":"1.0","id":"ok-3","source":"/shop","type":"com.example.order.created","data":{"order_id":"o-4","total":3}},
         {"specversion":"1.0","id":"bad-4","source":"/shop","type":"com.example.order.created","data":{"order_id":"o-5","total":"three"}}
     ]);
-    let r = client
-        .post(&url)
-        .header("content-type", "application/cloudevents-batch+json")
-        .body(batch.to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = sluice_tests::send_batch(&client, &url, batch.to_string()).await;
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["failedEntryCount"], 1, "{body}");
 
@@ -1092,11 +1000,9 @@ async fn each_api_key_of_a_bus_has_its_own_rate_limit() {
         403,
         "an unknown key is refused before any bucket"
     );
-    let delivered = sluice_tests::wait_jsonl(
-        &sluice.data_dir().join("keyed.jsonl"),
-        Duration::from_secs(10),
-        |e| e.len() >= 4,
-    )
+    let delivered = sluice_tests::wait_file(&sluice, "keyed.jsonl", Duration::from_secs(10), |e| {
+        e.len() >= 4
+    })
     .await;
     assert_eq!(ids(&delivered), ["a-0", "a-1", "b-0", "b-1"]);
 }
