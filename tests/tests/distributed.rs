@@ -328,13 +328,20 @@ async fn redis_restart_answers_503_then_resumes_without_loss() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consistent_hash_moves_about_one_in_four_tasks_when_a_fourth_worker_joins() {
     let member = cluster("ring");
-    let start = || member().strategy("consistent-hash").shards(48).start();
-    let a = start().await;
-    let _b = start().await;
-    let _c = start().await;
+    // Fixed worker ids: the ring, and so the share that moves, is the same on every run.
+    let start = |id: &str| {
+        member()
+            .strategy("consistent-hash")
+            .shards(48)
+            .env("SLUICE_WORKER_ID", id)
+            .start()
+    };
+    let a = start("ring-a").await;
+    let _b = start("ring-b").await;
+    let _c = start("ring-c").await;
     a.wait_members(3).await;
     let before = converged(&a, 48).await;
-    let _d = start().await;
+    let _d = start("ring-d").await;
     a.wait_members(4).await;
     let after = converged(&a, 48).await;
     let moved: Vec<&String> = before
