@@ -13,7 +13,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use crate::admin::resources::*;
-use crate::admin::state::{catalog_of, query_pairs, store_problem, AdminState};
+use crate::admin::state::{query_pairs, store_problem, AdminState};
 use crate::catalog::{self, ChangeError, Snapshot};
 use crate::config::{Channels, Kind};
 use crate::problem::Problem;
@@ -25,10 +25,7 @@ pub(super) async fn apply(
     axum::extract::RawQuery(query): axum::extract::RawQuery,
     body: axum::body::Bytes,
 ) -> Response {
-    let catalog = match catalog_of(&state) {
-        Ok(c) => c,
-        Err(p) => return p.into_response(),
-    };
+    let catalog = state.catalog.clone();
     let mut prune = false;
     let mut dry_run = false;
     for (key, value) in query_pairs(query.as_deref(), "true") {

@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use crate::admin::state::{catalog_of, json_object, snapshot_of, store_problem, AdminState};
+use crate::admin::state::{json_object, snapshot_of, store_problem, AdminState};
 use crate::catalog::{self, ChangeError, Snapshot};
 use crate::config::{BusConfig, Channels, Kind, RuleConfig};
 use crate::ingress::webhooks::config::WebhookConfig;
@@ -536,10 +536,7 @@ pub(super) async fn put_resource<T: Clone>(
     precheck: impl Fn(&Snapshot) -> Result<(), Problem>,
     stored: HashMap<String, u32>,
 ) -> Response {
-    let catalog = match catalog_of(state) {
-        Ok(c) => c,
-        Err(p) => return p.into_response(),
-    };
+    let catalog = state.catalog.clone();
     let pre = Preconditions::from(headers);
     let mut attempted = None;
     let keys = std::collections::HashSet::from([at.key.clone()]);
@@ -589,10 +586,7 @@ pub(super) async fn delete_resource<T>(
     is: impl Fn(&T) -> bool,
     in_use: impl Fn(&Snapshot) -> Result<(), Problem>,
 ) -> Response {
-    let catalog = match catalog_of(state) {
-        Ok(c) => c,
-        Err(p) => return p.into_response(),
-    };
+    let catalog = state.catalog.clone();
     let pre = Preconditions::from(headers);
     let result = catalog
         .change(|s| {

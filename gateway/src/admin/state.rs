@@ -79,18 +79,14 @@ impl AdminState {
     }
 }
 
-/// The catalog, for handlers that read or change it.
-pub(crate) fn catalog_of(state: &AdminState) -> Result<Catalog, Problem> {
-    Ok(state.catalog.clone())
-}
-
 pub(crate) fn store_problem(e: &crate::store::StoreError) -> Problem {
     Problem::unavailable(format!("the catalog cannot be read or written: {e}"), 2)
 }
 
 /// The catalog's current snapshot, for handlers that only read it.
 pub(crate) async fn snapshot_of(state: &AdminState) -> Result<Snapshot, Problem> {
-    catalog_of(state)?
+    state
+        .catalog
         .snapshot()
         .await
         .map_err(|e| store_problem(&e))

@@ -1,8 +1,8 @@
 //! Standalone or distributed, decided once: `Backend::open` makes every store the gateway
 //! runs on (cluster membership, positions, catalog, bus logs, rate-limit buckets, dedup
 //! records, replay statuses, what admission asks), embedded in the data directory or in
-//! the cluster's Redis, and hands them on as trait objects. Nothing above this file asks
-//! which mode it runs in.
+//! the cluster's Redis, and hands them on as trait objects. Above this file only
+//! `membership` tells whether other replicas exist (replays they ran can be taken over).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

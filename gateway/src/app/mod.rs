@@ -178,7 +178,7 @@ async fn run_until(mut config: Config, mut stop: watch::Receiver<bool>) -> Resul
         worker.plan_sender().subscribe(),
     ));
     report_failed(cluster.as_ref(), &plan).await;
-    // Distributed: a replay whose replica left the cluster is taken over by another.
+    // A member of a cluster takes over the replays of replicas that left it.
     if membership.is_some() {
         tokio::spawn(crate::replay::adopt_orphans(
             crate::replay::Adopter {
