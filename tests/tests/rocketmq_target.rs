@@ -380,7 +380,14 @@ async fn a_change_of_the_queue_count_is_logged_and_order_holds_from_then_on() {
         }
         assert!(by_queue.len() <= 2, "{key}: {by_queue:?}");
         for seqs in by_queue.values() {
-            assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{key}: {by_queue:?}");
+            // At least once: a batch sent again after a timeout (the first sends to a new
+            // topic are the slow ones) repeats events; their first occurrences are in order.
+            let mut seen = BTreeSet::new();
+            let firsts: Vec<usize> = seqs.iter().copied().filter(|s| seen.insert(*s)).collect();
+            assert!(
+                firsts.windows(2).all(|w| w[0] < w[1]),
+                "{key}: {by_queue:?}"
+            );
         }
         let mut runs: Vec<&Vec<usize>> = by_queue.values().collect();
         runs.sort_by_key(|seqs| seqs[0]);
