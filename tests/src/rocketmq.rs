@@ -47,7 +47,7 @@ pub fn rocketmq_bin() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|_| {
             PathBuf::from(std::env::var("HOME").unwrap_or_default())
-                .join(".cache/sluice/rocketmq-1.0.0-dev/bin")
+                .join(".cache/sluice/rocketmq-1.0.0/bin")
         });
     for bin in ["rocketmq-namesrv-rust", "rocketmq-broker-rust"] {
         assert!(
