@@ -24,7 +24,7 @@ use rustc_hash::FxBuildHasher;
 
 use crate::cesql::CesqlFilter;
 use crate::pattern::{conjunction_matches, FieldCondition, Matcher, Pattern, Range, Scalar};
-use crate::view::{fold_into, with_attribute, Attr, EventView, Leaf, NumKey};
+use crate::view::{fold_into, with_pattern_leaves, Attr, EventView, Leaf, NumKey};
 
 type CondId = u32;
 
@@ -565,7 +565,7 @@ impl Run<'_, '_, '_, '_> {
                     self.walk_json(data, *node, 0);
                 }
             } else if let Some(p) = n.path_id {
-                with_attribute(view.event, attr, &mut |leaf| self.leaf(p, leaf));
+                with_pattern_leaves(view.event, attr, &mut |leaf| self.leaf(p, leaf));
             }
         }
     }

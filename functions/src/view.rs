@@ -131,12 +131,26 @@ pub(crate) enum Attr {
     DataSchema,
     SpecVersion,
     Data,
+    /// `resources`: a JSON array kept as text (AWS PutEvents' `Resources`); a pattern
+    /// matches any of its elements.
+    Resources,
     Extension(String),
+}
+
+/// The CloudEvents name of a top-level pattern key written against the AWS EventBridge
+/// envelope: `detail-type` is `type`, `detail` is `data` (the others, `source`, `id`,
+/// `time`, `account`, `region`, `resources`, already have their AWS names).
+pub(crate) fn canonical_key(name: &str) -> &str {
+    match name {
+        "detail-type" => "type",
+        "detail" => "data",
+        other => other,
+    }
 }
 
 impl Attr {
     pub(crate) fn from_name(name: &str) -> Attr {
-        match name {
+        match canonical_key(name) {
             "id" => Attr::Id,
             "source" => Attr::Source,
             "type" => Attr::Type,
@@ -146,6 +160,7 @@ impl Attr {
             "dataschema" => Attr::DataSchema,
             "specversion" => Attr::SpecVersion,
             "data" => Attr::Data,
+            "resources" => Attr::Resources,
             other => Attr::Extension(other.to_owned()),
         }
     }
@@ -187,12 +202,39 @@ pub(crate) fn with_attribute(event: &Event, attr: &Attr, f: &mut dyn FnMut(Leaf<
         }
         Attr::SpecVersion => f(Leaf::Str(event.specversion().as_str())),
         Attr::Data => {}
-        Attr::Extension(name) => match event.extension(name) {
-            Some(ExtensionValue::String(s)) => f(Leaf::Str(s)),
-            Some(ExtensionValue::Boolean(b)) => f(Leaf::Bool(*b)),
-            Some(ExtensionValue::Integer(i)) => f(Leaf::Num(Num::from_i64(*i))),
-            None => {}
-        },
+        Attr::Resources => with_extension(event, "resources", f),
+        Attr::Extension(name) => with_extension(event, name, f),
+    }
+}
+
+fn with_extension(event: &Event, name: &str, f: &mut dyn FnMut(Leaf<'_>)) {
+    match event.extension(name) {
+        Some(ExtensionValue::String(s)) => f(Leaf::Str(s)),
+        Some(ExtensionValue::Boolean(b)) => f(Leaf::Bool(*b)),
+        Some(ExtensionValue::Integer(i)) => f(Leaf::Num(Num::from_i64(*i))),
+        None => {}
+    }
+}
+
+/// Calls `f` with each leaf a pattern sees at a context attribute: its value, except for
+/// `resources`, whose elements are the leaves when it holds a JSON array of scalars (as
+/// AWS EventBridge matches a pattern against any element of `resources`).
+pub(crate) fn with_pattern_leaves(event: &Event, attr: &Attr, f: &mut dyn FnMut(Leaf<'_>)) {
+    if *attr != Attr::Resources {
+        return with_attribute(event, attr, f);
+    }
+    let Some(ExtensionValue::String(text)) = event.extension("resources") else {
+        return with_attribute(event, attr, f);
+    };
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Array(items)) => {
+            for item in &items {
+                if let Some(leaf) = Leaf::from_json(item) {
+                    f(leaf);
+                }
+            }
+        }
+        _ => f(Leaf::Str(text)),
     }
 }
 
@@ -296,7 +338,7 @@ impl<'a> EventView<'a> {
             }
             other => {
                 if rest.is_empty() {
-                    with_attribute(self.event, other, &mut |leaf| f(leaf, &[]));
+                    with_pattern_leaves(self.event, other, &mut |leaf| f(leaf, &[]));
                 }
             }
         }

@@ -6,7 +6,7 @@ use std::fmt;
 use serde_json::{Map, Value};
 
 use super::matcher::{Bound, Cidr, Conjunction, FieldCondition, Matcher, Range, Scalar, Wildcard};
-use crate::view::{fold, is_attribute_name, Attr, Num};
+use crate::view::{canonical_key, fold, is_attribute_name, Attr, Num};
 
 /// Deepest nesting of objects/`$or` a pattern may have; bounds compiler recursion.
 pub const MAX_PATTERN_DEPTH: usize = 32;
@@ -161,9 +161,16 @@ fn compile_member(
         }
         return Ok(union);
     }
+    // AWS envelope names (`detail-type`, `detail`) read the CloudEvent fields they map to:
+    // the path holds the CloudEvents name, so the index and the matcher see one field.
+    let key = if field_path.is_empty() {
+        canonical_key(key)
+    } else {
+        key
+    };
     if field_path.is_empty() && !is_attribute_name(key) {
         return Err(at.error(format!(
-            "`{key}` is not a CloudEvents attribute name (lowercase a-z and 0-9) nor `data`"
+            "`{key}` is not a CloudEvents attribute name (lowercase a-z and 0-9), `data`, nor an AWS envelope key (`detail-type`, `detail`)"
         )));
     }
     let mut path = field_path.to_vec();
