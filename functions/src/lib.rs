@@ -5,6 +5,7 @@ pub mod cesql;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod index;
+pub mod knative;
 pub mod pattern;
 pub mod template;
 pub mod transform;
