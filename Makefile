@@ -14,7 +14,7 @@ ROCKETMQ_DIR := $(CACHE)/rocketmq-1.0.0
 ROCKETMQ_BENCH_DIR := $(CACHE)/rocketmq-1.0.0
 export SLUICE_ROCKETMQ_BIN ?= $(ROCKETMQ_DIR)/bin
 
-.PHONY: chaos webhook-node console-check run test lint fmt fuzz build bench bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq rocketmq-bench infra-check infra-tools clean help
+.PHONY: chaos webhook-node aws-node console-check run test lint fmt fuzz build bench bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq rocketmq-bench infra-check infra-tools clean help
 
 help:
 	@echo "make run    - start the gateway standalone with sluice.example.toml (http://127.0.0.1:8080)"
@@ -37,7 +37,7 @@ build:
 
 # The binary is built for the same package set as nextest builds, so the dependencies are
 # compiled once, with one feature set.
-test: tools venv webhook-node redis rocketmq infra-tools
+test: tools venv webhook-node aws-node redis rocketmq infra-tools
 	$(MAKE) --no-print-directory build
 	$(MAKE) --no-print-directory infra-check
 	$(CARGO) nextest run --workspace --no-fail-fast
@@ -103,7 +103,7 @@ redis:
 		redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
 
 # The official CloudEvents Python SDK, for the interoperability test.
-venv: $(VENV)/.installed $(VENV)/.standardwebhooks $(VENV)/.webhook-sdks $(VENV)/.openapi
+venv: $(VENV)/.installed $(VENV)/.standardwebhooks $(VENV)/.webhook-sdks $(VENV)/.openapi $(VENV)/.aws
 
 $(VENV)/.installed:
 	$(call apt_install,python3,python3 python3-venv)
@@ -162,6 +162,19 @@ export WEBHOOK_NODE_DIR ?= $(WEBHOOK_NODE)
 webhook-node:
 	$(call apt_install,npm,npm)
 	@mkdir -p $(WEBHOOK_NODE) && cd $(WEBHOOK_NODE) && { [ -d node_modules/@octokit/webhooks-methods ] || npm install --silent --no-audit --no-fund @octokit/webhooks-methods@6.0.0; }
+
+# The AWS SDK for Python, for the EventBridge PutEvents tests (tests/tests/compat_aws.rs).
+$(VENV)/.aws: $(VENV)/.installed
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check 'boto3==1.44.18'
+	touch $@
+
+# The AWS SDK for JavaScript's EventBridge client (npm, into the cache) for the same tests;
+# tests/scripts/aws_put_events.mjs runs it with node.
+AWS_NODE := $(CACHE)/aws-node
+export AWS_NODE_DIR ?= $(AWS_NODE)
+aws-node:
+	$(call apt_install,npm,npm)
+	@mkdir -p $(AWS_NODE) && cd $(AWS_NODE) && { [ -d node_modules/@aws-sdk/client-eventbridge ] || npm install --silent --no-audit --no-fund @aws-sdk/client-eventbridge@3.1178.0; }
 
 # The OpenAPI 3.1 validator and JSON Schema, to check schemas/openapi.json and the admin
 # API's answers against it.
@@ -237,6 +250,7 @@ bench-targets: rocketmq-bench
 bench-ingest:
 	$(call apt_install,wrk,wrk)
 	tests/bench/ingest.sh
+	tests/bench/compat.sh
 
 bench-functions:
 	$(CARGO) bench -p sluice-functions

@@ -186,20 +186,57 @@ fn resources(path: &Path) -> anyhow::Result<Value> {
     } else if matches!(extension, "yaml" | "yml") {
         // YAML 1.2 booleans only: a rule named `y` or `no` stays a string.
         let options = serde_saphyr::options! { strict_booleans: true };
-        serde_saphyr::from_str_with_options(&text, options)
-            .map_err(|e| anyhow::anyhow!("{} is not YAML: {e}", path.display()))?
+        // Several documents (`---`): Knative Triggers as `kubectl apply -f` takes them.
+        let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(&text, options)
+            .map_err(|e| anyhow::anyhow!("{} is not YAML: {e}", path.display()))?;
+        knative_documents(docs)
     } else {
         let table: toml::Table =
             toml::from_str(&text).with_context(|| format!("{} is not TOML", path.display()))?;
         serde_json::to_value(table)?
     };
+    let all = knative_documents(vec![all]);
     let mut out = serde_json::Map::new();
-    for key in ["buses", "rules", "sources", "webhooks"] {
+    // `triggers`: Knative Triggers, made rules by the gateway (it knows the brokers' buses).
+    for key in ["buses", "rules", "sources", "webhooks", "triggers"] {
         if let Some(v) = all.get(key) {
             out.insert(key.to_string(), v.clone());
         }
     }
     Ok(Value::Object(out))
+}
+
+/// Documents as one: Knative `Trigger` resources (alone, or the items of a `List`) are
+/// gathered under `triggers`; the lists of the other documents are joined.
+fn knative_documents(docs: Vec<Value>) -> Value {
+    fn push(out: &mut serde_json::Map<String, Value>, key: &str, items: Vec<Value>) {
+        if let Value::Array(list) = out.entry(key).or_insert_with(|| json!([])) {
+            list.extend(items);
+        }
+    }
+    let mut out = serde_json::Map::new();
+    for doc in docs {
+        match doc["kind"].as_str() {
+            Some("Trigger") => push(&mut out, "triggers", vec![doc]),
+            Some("List") => push(
+                &mut out,
+                "triggers",
+                doc["items"].as_array().cloned().unwrap_or_default(),
+            ),
+            _ => {
+                let Value::Object(map) = doc else { continue };
+                for (key, value) in map {
+                    match value {
+                        Value::Array(items) => push(&mut out, &key, items),
+                        other => {
+                            out.insert(key, other);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Value::Object(out)
 }
 
 fn resource_path(kind: &str, name: Option<&str>) -> anyhow::Result<String> {

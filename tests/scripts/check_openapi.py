@@ -11,8 +11,10 @@
    template), each (path, method) is documented, its status is documented (or `default`),
    and the body validates against that response's schema for the content type
    (JSON Schema 2020-12, `#/components/...` resolved against the whole document).
-3. With --routes, every route of the admin API (gateway/src/admin/*.rs but the console) is documented
-   and every documented operation is a route.
+3. With --routes, every route of the admin API (gateway/src/admin/**/*.rs but the console)
+   and of the drop-in APIs (gateway/src/ingress/compat/**/*.rs) is documented and every
+   documented operation is a route. A route that only adds a trailing slash to another
+   (`/{namespace}/{broker}/`) is that route's alias and needs no entry of its own.
 4. --config-schema: each TOML file (default: the repository's sample configurations)
    validates against schemas/config.schema.json.
 
@@ -72,7 +74,7 @@ def check_spec(spec: dict) -> Failures:
 
 
 def resolve(spec: dict, node: dict, where: list[str]) -> tuple[dict, list[str]]:
-    """Follows local `$ref`s of response objects; returns the node and its location."""
+    """Follows local `$ref`s (response objects, path items); returns the node and its location."""
     seen = 0
     while isinstance(node, dict) and "$ref" in node:
         ref = node["$ref"]
@@ -127,7 +129,7 @@ def check_exchanges(spec: dict, exchanges: list, source: str) -> tuple[int, Fail
         if path not in paths:
             fail("path not documented")
             continue
-        item = paths[path]
+        item, _ = resolve(spec, paths[path], ["paths", path])
         if method not in item:
             fail(f"method not documented (documented: {', '.join(m.upper() for m in METHODS if m in item)})")
             continue
@@ -172,48 +174,73 @@ def check_exchanges(spec: dict, exchanges: list, source: str) -> tuple[int, Fail
 
 
 METHOD_CALL = re.compile(r"(?<![\w:])(get|put|post|delete|patch)\(")
+# A method router built by a closure of the same file: `let method = || post(..)...;`
+LOCAL_CALL = re.compile(r"^\s*(\w+)\(\)\s*$")
+
+
+def balanced(text: str, j: int, stop: str = ")") -> int:
+    """The index just past the end of the expression starting at `j`: the closing
+    bracket that makes the depth negative, or `stop` at depth 0 (bounded by the text)."""
+    depth = 0
+    while j < len(text):
+        c = text[j]
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth < 0:
+                return j + 1
+        elif c == stop and depth == 0:
+            return j + 1
+        j += 1
+    return j
 
 
 def rust_routes(sources: list[Path]) -> set[tuple[str, str]]:
-    """(path, method) of every `.route("...", get(..).put(..))` in the given Rust files."""
+    """(path, method) of every `.route("...", get(..).put(..))` in the given Rust files; the
+    method router may be a call of a closure of the same file (`let method = || post(..);`)."""
     found = set()
     for source in sources:
         text = source.read_text(encoding="utf-8")
         for match in re.finditer(r'\.route\(\s*"([^"]+)"\s*,', text):
             # The method router: up to the call's matching parenthesis.
-            depth, j = 1, match.end()
-            while j < len(text) and depth:
-                depth += {"(": 1, ")": -1}.get(text[j], 0)
-                j += 1
-            for method in METHOD_CALL.findall(text[match.end(): j - 1]):
+            router = text[match.end(): balanced(text, match.end()) - 1]
+            local = LOCAL_CALL.match(router)
+            if local:
+                closure = re.search(r"\blet\s+" + re.escape(local.group(1)) + r"\s*=\s*\|[^|]*\|", text)
+                if closure:
+                    router = text[closure.end(): balanced(text, closure.end(), ";")]
+            for method in METHOD_CALL.findall(router):
                 found.add((match.group(1), method))
-    return found
+    # `/x/` beside `/x`: the same operation (a trailing slash ignored), documented once.
+    return {(p, m) for p, m in found if not (p != "/" and p.endswith("/") and (p[:-1], m) in found)}
+
+
+def route_sources() -> list[Path]:
+    """The admin API's route files (the console's files are not part of the API) and the
+    drop-in APIs' (AWS PutEvents, RocketMQ EventBridge, Knative)."""
+    src = ROOT / "gateway" / "src"
+    admin = (p for p in (src / "admin").rglob("*.rs") if not {"console", "console.rs"} & set(p.relative_to(src).parts))
+    return sorted([*admin, *(src / "ingress" / "compat").rglob("*.rs")])
 
 
 def check_routes(spec: dict) -> tuple[int, Failures]:
-    # The admin API's route files (the console's files are not part of the API).
-    sources = sorted(
-        p for p in (ROOT / "gateway" / "src" / "admin").glob("*.rs") if p.name != "console.rs"
-    )
+    sources = route_sources()
     if not sources:
-        return 1, [("routes", "--routes: gateway/src/admin/ holds no route files")]
+        return 1, [("routes", "--routes: gateway/src/admin/ and gateway/src/ingress/compat/ hold no route files")]
     missing = [s for s in sources if not s.exists()]
     if missing:
         return 1, [("routes", f"--routes: {m} does not exist") for m in missing]
     routes = rust_routes(sources)
-    documented = {
-        (path, method)
-        for path, item in spec.get("paths", {}).items()
-        for method in item
-        if method in METHODS
-    }
+    items = {path: resolve(spec, item, ["paths", path])[0] for path, item in spec.get("paths", {}).items()}
+    documented = {(path, method) for path, item in items.items() for method in item if method in METHODS}
     failures: Failures = []
     for p, m in sorted(routes - documented):
         failures.append((f"{m} {p}", f"route {m.upper()} {p} is not documented"))
     for p, m in sorted(documented - routes):
         failures.append((f"{m} {p}", f"documented {m.upper()} {p} is not a route"))
     for p, m in sorted(documented):
-        operation = spec["paths"][p][m]
+        operation = items[p][m]
         if not operation.get("operationId") or not operation.get("summary"):
             failures.append((f"{m} {p}", f"{m.upper()} {p}: needs an operationId and a summary"))
         if p.startswith("/admin/") and not operation.get("deprecated"):

@@ -52,6 +52,14 @@ pub(super) async fn apply(
             }
         }
     }
+    // Knative Triggers (`"triggers"`) become rules on their brokers' buses.
+    let body = match crate::ingress::compat::knative::apply_triggers(
+        body,
+        state.ingress.knative_brokers(),
+    ) {
+        Ok(body) => body,
+        Err(p) => return p.into_response(),
+    };
     let file: Channels = match parse_resource(&body, &[]) {
         Ok(c) => c,
         Err(p) => return p.into_response(),

@@ -182,6 +182,11 @@ pub(super) fn with_challenge(problem: Problem) -> Response {
     response
 }
 
+/// Marks a refusal already in the form of the API it answers for (RocketMQ EventBridge's
+/// `BaseResponse`, `admin/eventbridge.rs`): `problem_rejections` leaves it as it is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OwnForm;
+
 /// Axum's own refusals (a body over the limit, a path parameter that is not a number) are
 /// plain text: made problem+json like every other error of the API.
 pub(super) async fn problem_rejections(request: Request, next: Next) -> Response {
@@ -191,7 +196,8 @@ pub(super) async fn problem_rejections(request: Request, next: Next) -> Response
         .headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
-    if !status.is_client_error() || is_problem {
+    let own_form = response.extensions().get::<OwnForm>().is_some();
+    if !status.is_client_error() || is_problem || own_form {
         return response;
     }
     let bytes = axum::body::to_bytes(response.into_body(), 64 * 1024)

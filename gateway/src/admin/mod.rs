@@ -27,6 +27,7 @@ pub mod apply;
 pub mod auth;
 pub mod connectors;
 pub mod console;
+pub mod eventbridge;
 pub mod events;
 pub mod guard;
 pub mod replays;
@@ -140,6 +141,7 @@ pub fn routes(state: Arc<AdminState>) -> Router {
         )
         .route("/api/v1/rules/test", post(test_rule))
         .merge(actions::routes())
+        .merge(eventbridge::routes())
         .with_state(state.clone())
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         // Before the credentials: what a browser sends cross-site is refused whoever it is.

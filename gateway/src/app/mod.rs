@@ -152,13 +152,16 @@ async fn run_until(mut config: Config, mut stop: watch::Receiver<bool>) -> Resul
         config.admin.secret_env_prefix(),
     )
     .map_err(StartError::Config)?;
-    let ingress = Arc::new(IngressState::new(
-        settings_of(&plan, schemas.clone(), Arc::new(webhooks)),
-        config.limits.clone(),
-        cluster.clone(),
-        limiter,
-        dedup,
-    ));
+    let ingress = Arc::new(
+        IngressState::new(
+            settings_of(&plan, schemas.clone(), Arc::new(webhooks)),
+            config.limits.clone(),
+            cluster.clone(),
+            limiter,
+            dedup,
+        )
+        .with_knative_brokers(config.knative.brokers.clone()),
+    );
     let auth = crate::admin::AdminAuth::from_config(
         &config.admin,
         config.cluster.strategy.name(),

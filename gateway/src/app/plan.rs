@@ -233,6 +233,14 @@ pub(super) fn build_plan(
             auth.insert(bus.name.get_ref().clone(), Arc::new(keys));
         }
     }
+    let aws = crate::ingress::compat::aws::resolve_all(
+        channels
+            .buses
+            .iter()
+            .filter_map(|b| Some((b.name.get_ref().as_str(), b.aws.as_ref()?))),
+        secret_prefix,
+        &mut failures,
+    );
     let rate_limits = channels
         .buses
         .iter()
@@ -247,6 +255,7 @@ pub(super) fn build_plan(
         auth,
         rate_limits,
         webhooks: channels.webhooks.clone(),
+        aws,
         failed,
         failures,
         connectors: std::sync::OnceLock::new(),
@@ -315,11 +324,16 @@ async fn may_build_now(
     let bus = |name: &str| channels.buses.iter().find(|b| b.name.get_ref() == name);
     for what in failures.keys() {
         let builds = if let Some(name) = what.strip_prefix("bus/") {
-            match name.strip_suffix("#auth") {
-                Some(name) => bus(name)
+            if let Some(name) = name.strip_suffix("#auth") {
+                bus(name)
                     .and_then(|b| b.auth.as_ref())
-                    .is_some_and(|a| a.resolve(config.admin.secret_env_prefix()).is_ok()),
-                None => match bus(name) {
+                    .is_some_and(|a| a.resolve(config.admin.secret_env_prefix()).is_ok())
+            } else if let Some(name) = name.strip_suffix("#aws") {
+                bus(name)
+                    .and_then(|b| b.aws.as_ref())
+                    .is_some_and(|a| a.resolve(config.admin.secret_env_prefix()).is_ok())
+            } else {
+                match bus(name) {
                     Some(b) => {
                         let one = Channels {
                             buses: vec![b.clone()],
@@ -328,7 +342,7 @@ async fn may_build_now(
                         logs.open(&one).await.failed.is_empty()
                     }
                     None => false,
-                },
+                }
             }
         } else if what.starts_with("source/") {
             // Fails with its bus's log, tried above.
@@ -417,6 +431,7 @@ pub(super) fn settings_of(
         schemas,
         rate: Arc::new(plan.rate_limits.clone()),
         webhooks,
+        aws: Arc::new(plan.aws.clone()),
     }
 }
 

@@ -73,6 +73,7 @@ fn limited(state: Arc<IngressState>) -> Router {
                 }),
         )
         .merge(crate::ingress::webhooks::handler::routes())
+        .merge(crate::ingress::compat::routes())
         .fallback(|uri: Uri| async move { Problem::not_found(uri.path()) })
         .with_state(state)
         .layer(

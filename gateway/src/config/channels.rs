@@ -86,6 +86,10 @@ impl Channels {
                 auth.check()
                     .map_err(|m| bad("/auth", format!("bus `{name}`: {m}")))?;
             }
+            if let Some(aws) = &bus.aws {
+                aws.check()
+                    .map_err(|m| bad("/aws", format!("bus `{name}`: {m}")))?;
+            }
             if bus.shards == 0 || bus.shards > 1024 {
                 return Err(bad(
                     "/shards",
@@ -242,6 +246,11 @@ impl Channels {
         let prefix = policy.secret_env_prefix.as_str();
         for (index, bus) in self.buses.iter().enumerate() {
             let name = bus.name.get_ref();
+            if let Some(aws) = bus.aws.as_ref().filter(|_| changed(&bus_key(name))) {
+                aws.check_policy(prefix).map_err(|(pointer, m)| {
+                    Invalid::new(Kind::Bus, index, &pointer, format!("bus `{name}`: {m}"))
+                })?;
+            }
             let Some(auth) = bus.auth.as_ref().filter(|_| changed(&bus_key(name))) else {
                 continue;
             };
@@ -368,6 +377,9 @@ pub struct BusConfig {
         serialize_with = "ser_optional_duration"
     )]
     pub max_backlog_age: Option<Duration>,
+    /// Opt-in: AWS EventBridge PutEvents settings (SigV4 access keys, `account`, `region`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws: Option<crate::ingress::compat::aws::config::AwsConfig>,
 }
 
 impl BusConfig {

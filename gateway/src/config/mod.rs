@@ -109,6 +109,9 @@ pub struct Config {
     /// this configuration file. Each replica takes them from its own file.
     #[serde(default)]
     pub schemas: Vec<crate::ingress::schema::SchemaConfig>,
+    /// `[knative]`: which bus each Knative broker (`POST /{namespace}/{broker}`) feeds.
+    #[serde(default)]
+    pub knative: crate::ingress::compat::knative::KnativeConfig,
     /// The configuration file's directory (relative schema paths start there).
     #[serde(skip)]
     pub base_dir: PathBuf,

@@ -20,6 +20,15 @@ use crate::store::dedup::Dedup;
 use crate::store::dedup::Reserve;
 use crate::store::{BusLog, StoreError, Unique};
 
+/// The body length a request declares (`Content-Length`), for its metrics; 0 when absent.
+pub(crate) fn declared_length(headers: &http::HeaderMap) -> u64 {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
 /// One entry of a request: a parsed event or the reason it was refused.
 pub(crate) type Entry = Result<(String, Bytes, u32), EventError>;
 

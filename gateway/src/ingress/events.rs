@@ -26,12 +26,7 @@ pub(crate) async fn post_events(
     request: Request,
 ) -> Response {
     let started = std::time::Instant::now();
-    let bytes = request
-        .headers()
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
+    let bytes = crate::ingress::accept::declared_length(request.headers());
     let mode = match cloudevent::content_mode(request.headers()) {
         Ok(ContentMode::Binary) => "binary",
         Ok(ContentMode::Structured) => "structured",
@@ -96,33 +91,10 @@ async fn handle_events(
     let Some(log) = settings.buses.get(&bus).cloned() else {
         return Problem::unknown_bus(&bus).into_response();
     };
-    // Which of the bus's API keys sent the request (part of its digest, never the key):
-    // dedup records are kept per producer, so one cannot make another's event a duplicate.
-    let mut producer = String::new();
-    if let Some(keys) = settings.auth.get(&bus) {
-        match keys.check(request.headers()) {
-            Ok(key) => {
-                producer.clone_from(&key.0);
-                if let Some(limit) = &keys.per_key {
-                    if let Err(problem) = state
-                        .rate_limit(&format!("key/{bus}/{}", key.0), "auth.rate_limit", limit)
-                        .await
-                    {
-                        return problem.into_response();
-                    }
-                }
-            }
-            Err(refused) => return refused.problem().into_response(),
-        }
-    }
-    if let Some(limit) = settings.rate.get(&bus) {
-        if let Err(problem) = state
-            .rate_limit(&format!("bus/{bus}"), "rate_limit", limit)
-            .await
-        {
-            return problem.into_response();
-        }
-    }
+    let producer = match state.admit(&settings, &bus, request.headers()).await {
+        Ok(producer) => producer,
+        Err(problem) => return problem.into_response(),
+    };
     let (parts, body) = request.into_parts();
     let mode = match cloudevent::content_mode(&parts.headers) {
         Ok(mode) => mode,

@@ -5,6 +5,7 @@
 
 pub mod accept;
 pub mod auth;
+pub mod compat;
 pub mod events;
 pub mod limits;
 pub mod probes;

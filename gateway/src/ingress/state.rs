@@ -40,6 +40,8 @@ pub struct Settings {
     pub rate: Arc<HashMap<String, RateLimitConfig>>,
     /// The webhook sources (`POST /webhooks/{name}`).
     pub webhooks: Arc<Webhooks>,
+    /// The AWS PutEvents settings (`aws` table) of each bus that has one.
+    pub aws: Arc<HashMap<String, Arc<crate::ingress::compat::aws::config::AwsBus>>>,
 }
 
 impl Settings {
@@ -52,6 +54,7 @@ impl Settings {
             schemas: Arc::default(),
             rate: Arc::default(),
             webhooks: Arc::new(Webhooks::empty()),
+            aws: Arc::default(),
         }
     }
 }
@@ -68,6 +71,8 @@ pub struct IngressState {
     draining: AtomicBool,
     /// `limits.max_inflight_bytes`, in KiB: what requests being handled may hold.
     memory: Arc<tokio::sync::Semaphore>,
+    /// `[knative] brokers`: the bus of each mapped `namespace/broker` (static config).
+    knative_brokers: Arc<std::collections::BTreeMap<String, String>>,
 }
 
 impl IngressState {
@@ -88,7 +93,22 @@ impl IngressState {
             limiter,
             dedup,
             draining: AtomicBool::new(false),
+            knative_brokers: Arc::default(),
         }
+    }
+
+    /// With the `[knative] brokers` mapping (see `crate::ingress::compat::knative`).
+    pub fn with_knative_brokers(
+        mut self,
+        brokers: std::collections::BTreeMap<String, String>,
+    ) -> IngressState {
+        self.knative_brokers = Arc::new(brokers);
+        self
+    }
+
+    /// The `[knative] brokers` mapping: `namespace/broker` to bus.
+    pub fn knative_brokers(&self) -> &std::collections::BTreeMap<String, String> {
+        &self.knative_brokers
     }
 
     /// The buses and their settings, as of now.
@@ -142,6 +162,40 @@ impl IngressState {
 
     pub fn draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Whether a request to `bus` may in: one of the bus's keys when it requires one (with
+    /// that key's rate limit), then the bus's rate limit. The key the request came with (a
+    /// name made of its digest, "" when the bus needs none): dedup records are kept per
+    /// producer, so one cannot make another's event a duplicate.
+    pub async fn admit(
+        &self,
+        settings: &Settings,
+        bus: &str,
+        headers: &http::HeaderMap,
+    ) -> Result<String, Problem> {
+        let mut producer = String::new();
+        if let Some(keys) = settings.auth.get(bus) {
+            let key = keys.check(headers).map_err(|refused| refused.problem())?;
+            if let Some(limit) = &keys.per_key {
+                self.rate_limit(&format!("key/{bus}/{}", key.0), "auth.rate_limit", limit)
+                    .await?;
+            }
+            producer = key.0;
+        }
+        self.bus_rate_limit(settings, bus).await?;
+        Ok(producer)
+    }
+
+    /// Takes a token from the bus's rate limit, when it has one.
+    pub async fn bus_rate_limit(&self, settings: &Settings, bus: &str) -> Result<(), Problem> {
+        match settings.rate.get(bus) {
+            Some(limit) => {
+                self.rate_limit(&format!("bus/{bus}"), "rate_limit", limit)
+                    .await
+            }
+            None => Ok(()),
+        }
     }
 
     /// Takes a token from the bucket `scope`; the problem to answer when refused.

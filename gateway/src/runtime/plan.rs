@@ -172,6 +172,8 @@ pub struct Plan {
     pub rate_limits: HashMap<String, crate::ingress::ratelimit::RateLimitConfig>,
     /// The catalog's webhook sources (ingress serves them with the file's own).
     pub webhooks: Vec<crate::ingress::webhooks::config::WebhookConfig>,
+    /// The AWS PutEvents settings of each bus that has an `aws` table.
+    pub aws: HashMap<String, Arc<crate::ingress::compat::aws::config::AwsBus>>,
     /// Connectors this replica cannot run at all (the rules and sources of a bus whose log
     /// does not open here): reported `FAILED` with the reason, listed with their tasks.
     /// (Subscriptions of a running bus that cannot run carry `Subscription::failed`.)
