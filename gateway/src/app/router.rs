@@ -45,13 +45,15 @@ pub fn router(state: Arc<IngressState>, admin: Option<Arc<AdminState>>) -> Route
 /// While draining, every answer says `Connection: close`: clients open their next request
 /// elsewhere instead of reusing a kept-alive connection that is about to close (which
 /// would fail a request already on its way). HTTP/2 gets a GOAWAY at the close instead.
+/// So does a `413`: the body it refused was not read to its end, so the connection cannot
+/// carry another request, and a client that reused it would lose that request.
 async fn close_when_draining(
     State(state): State<Arc<IngressState>>,
     request: Request,
     next: Next,
 ) -> Response {
     let mut response = next.run(request).await;
-    if state.draining() {
+    if state.draining() || response.status() == http::StatusCode::PAYLOAD_TOO_LARGE {
         response.headers_mut().insert(
             http::header::CONNECTION,
             http::HeaderValue::from_static("close"),
