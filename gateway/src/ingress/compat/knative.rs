@@ -137,7 +137,9 @@ async fn post_broker(
     } else {
         "unknown".to_string()
     };
-    let span = tracing::info_span!("request", bus = %label, mode = "knative", namespace = %namespace, broker = %broker);
+    // The path's names as Debug (quoted, escaped): they come from the client, and a
+    // percent-encoded line break must not start a forged log line.
+    let span = tracing::info_span!("request", bus = %label, mode = "knative", namespace = ?namespace, broker = ?broker);
     let response =
         tracing::Instrument::instrument(handle(state, settings, bus, request), span).await;
     crate::metrics::get().ingress(
