@@ -183,7 +183,7 @@ pub(super) fn with_challenge(problem: Problem) -> Response {
 }
 
 /// Marks a refusal already in the form of the API it answers for (RocketMQ EventBridge's
-/// `BaseResponse`, `admin/eventbridge.rs`): `problem_rejections` leaves it as it is.
+/// `BaseResponse`, `admin/eventbridge/`): `problem_rejections` leaves it as it is.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct OwnForm;
 
