@@ -6,10 +6,13 @@
 //!
 //! Appends write straight from the request's task under the shard's lock (a page-cache
 //! write of a few KiB): no thread hand-off on the hot path. Durability `fsync` adds group
-//! commit: an appender that needs its records durable takes the shard's sync lock; whoever
-//! holds it runs one `fdatasync` that covers every record written so far, and the appenders
-//! queued behind it find their records already durable. While one flush runs the next group
-//! gathers, so the flush cost is shared by all concurrent requests instead of paid by each.
+//! commit across the shards of the log: an appender that needs its records durable asks the
+//! log's flusher (one thread per log, off the async workers) and waits for its shard's tail
+//! to pass them. The flusher runs rounds: each takes every shard written since the last one
+//! and `fdatasync`s it, covering every record written so far, then publishes them all. While
+//! one round runs the next group gathers, so an appender waits for at most the round in
+//! progress and the next, never for a queue of earlier appenders, and one round's flushes
+//! serve every shard and every concurrent request.
 //!
 //! With `fsync`, segment files grow in zero-filled chunks ahead of the records: a flush of
 //! writes into space that already exists needs no file-size (metadata) journal commit, which
@@ -29,7 +32,7 @@ use std::path::{Path, PathBuf};
 #[cfg(test)]
 use std::sync::atomic::AtomicU32;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -65,8 +68,6 @@ struct Active {
 struct Shard {
     dir: PathBuf,
     active: Mutex<Active>,
-    /// Held by the appender running a flush; the others queue behind it.
-    sync: tokio::sync::Mutex<()>,
     /// Next sequence number not yet durable-and-visible: the readers' limit.
     tail: watch::Sender<Seq>,
     segments: Segments,
@@ -78,11 +79,13 @@ struct Shard {
 /// One bus's log on local disk.
 pub struct EmbeddedLog {
     bus: String,
-    shards: Vec<Shard>,
+    shards: Arc<Vec<Shard>>,
     options: LogOptions,
     /// False once a flush failed (or the log closed): the log is fenced, it takes no writes
     /// and publishes nothing more until a restart has re-verified its segments.
-    healthy: AtomicBool,
+    healthy: Arc<AtomicBool>,
+    /// Durability `fsync`: where appenders ask for their records to be flushed.
+    flusher: Option<Arc<Flusher>>,
     /// Why the last write failed (no space, file too large), while it keeps failing: the log
     /// is not fenced, every write is tried again, and the first to succeed clears this.
     write_problem: Mutex<Option<String>>,
@@ -125,7 +128,6 @@ impl EmbeddedLog {
                     next_seq: recovered.next_seq,
                     buf: Vec::new(),
                 }),
-                sync: tokio::sync::Mutex::new(()),
                 tail: watch::Sender::new(recovered.next_seq),
                 segments: Arc::new(Mutex::new(recovered.bases)),
                 cache: Arc::new(Mutex::new(Cache {
@@ -136,27 +138,35 @@ impl EmbeddedLog {
                 appended: crate::metrics::get().appended(bus, shard),
             });
         }
+        let shards = Arc::new(handles);
+        let healthy = Arc::new(AtomicBool::new(true));
+        #[cfg(test)]
+        let fail_syncs = Arc::new(AtomicU32::new(0));
+        let flusher = match options.durability {
+            Durability::Os => None,
+            Durability::Fsync => Some(Flusher::start(
+                bus,
+                shards.clone(),
+                healthy.clone(),
+                #[cfg(test)]
+                fail_syncs.clone(),
+            )?),
+        };
         Ok(EmbeddedLog {
             bus: bus.to_string(),
-            shards: handles,
+            shards,
             options: options.clone(),
-            healthy: AtomicBool::new(true),
+            healthy,
+            flusher,
             write_problem: Mutex::new(None),
             #[cfg(test)]
-            fail_syncs: Arc::new(AtomicU32::new(0)),
+            fail_syncs,
         })
     }
 
     /// Fences the log after a failure that may have lost acknowledged-to-be data.
     fn fence(&self, what: &str, e: &std::io::Error) -> StoreError {
-        if self.healthy.swap(false, Ordering::SeqCst) {
-            tracing::error!(
-                bus = %self.bus,
-                error = %e,
-                "{what} failed; the log takes no more writes (liveness fails) until a restart re-verifies it"
-            );
-        }
-        StoreError::io(&format!("{what} failed"), e)
+        fence(&self.healthy, &self.bus, what, e)
     }
 
     fn fenced() -> StoreError {
@@ -187,7 +197,7 @@ impl EmbeddedLog {
     /// preallocated space. The log takes no writes afterwards.
     pub async fn close(&self) {
         self.healthy.store(false, Ordering::Relaxed);
-        for shard in &self.shards {
+        for shard in self.shards.iter() {
             let (file, len) = {
                 let mut active = lock(&shard.active);
                 active.allocated = active.file_len;
@@ -318,49 +328,196 @@ impl EmbeddedLog {
         Ok(())
     }
 
-    /// Makes records below `end` durable, sharing one flush among concurrent appenders.
-    async fn sync_to(&self, shard: &Shard, end: Seq) -> Result<(), StoreError> {
-        if *shard.tail.borrow() >= end {
+    /// Makes the shard's records below `end` durable: asks the flusher and waits for the
+    /// round that covers them (the shard's tail passes `end`), or fails when a flush failed.
+    async fn sync_to(&self, index: u32, shard: &Shard, end: Seq) -> Result<(), StoreError> {
+        let mut tail = shard.tail.subscribe();
+        if *tail.borrow_and_update() >= end {
             return Ok(());
         }
-        let _leader = shard.sync.lock().await;
-        if *shard.tail.borrow() >= end {
+        let Some(flusher) = &self.flusher else {
             return Ok(());
-        }
-        // The appenders queued behind a leader whose flush failed must fail too: flushing
-        // the same file again can report success (Linux clears the error once reported)
-        // while their records are gone from the page cache.
-        if !self.healthy.load(Ordering::SeqCst) {
-            return Err(Self::fenced());
-        }
-        let (file, upto) = {
-            let active = lock(&shard.active);
-            (active.file.clone(), active.next_seq)
         };
-        #[cfg(test)]
-        let fail = self.fail_syncs.clone();
-        let started = std::time::Instant::now();
-        let result = tokio::task::spawn_blocking(move || {
-            sync_data(
-                &file,
-                #[cfg(test)]
-                &fail,
-            )
-        })
-        .await
-        .map_err(|e| StoreError::Unavailable(format!("flush task failed: {e}")))?;
-        let metrics = crate::metrics::get();
-        metrics
-            .flush_duration
-            .observe(started.elapsed().as_secs_f64());
-        if let Err(e) = result {
-            metrics.flush_errors.inc();
-            // After a failed fsync the page cache may not match the disk: stop taking
-            // writes rather than acknowledge something that may be gone.
-            return Err(self.fence("flushing the log", &e));
+        flusher.request(index as usize, end);
+        loop {
+            // The appenders waiting on a failed flush must fail too: flushing the same file
+            // again can report success (Linux clears the error once reported) while their
+            // records are gone from the page cache.
+            if !self.healthy.load(Ordering::SeqCst) {
+                return Err(Self::fenced());
+            }
+            if tail.changed().await.is_err() {
+                return Err(Self::fenced());
+            }
+            if *tail.borrow_and_update() >= end {
+                return Ok(());
+            }
         }
-        publish(shard, upto);
-        Ok(())
+    }
+}
+
+/// Fences a log (see [`EmbeddedLog::fence`]): logged once, by whoever fences it first.
+fn fence(healthy: &AtomicBool, bus: &str, what: &str, e: &std::io::Error) -> StoreError {
+    if healthy.swap(false, Ordering::SeqCst) {
+        tracing::error!(
+            bus = %bus,
+            error = %e,
+            "{what} failed; the log takes no more writes (liveness fails) until a restart re-verifies it"
+        );
+    }
+    StoreError::io(&format!("{what} failed"), e)
+}
+
+/// The flusher of a log with durability `fsync`: one thread that runs group commits for all
+/// its shards. Appenders record how far each shard must be durable (`request`); a round
+/// takes every shard asked for, reads how far it is written, flushes it, and publishes.
+struct Flusher {
+    wanted: Mutex<Wanted>,
+    wake: Condvar,
+}
+
+struct Wanted {
+    /// Per shard: the end the appenders wait for.
+    ends: Vec<Seq>,
+    /// The log is gone: finish what is asked, then stop.
+    closed: bool,
+}
+
+impl Flusher {
+    fn start(
+        bus: &str,
+        shards: Arc<Vec<Shard>>,
+        healthy: Arc<AtomicBool>,
+        #[cfg(test)] fail: Arc<AtomicU32>,
+    ) -> Result<Arc<Flusher>, StoreError> {
+        let flusher = Arc::new(Flusher {
+            wanted: Mutex::new(Wanted {
+                ends: vec![0; shards.len()],
+                closed: false,
+            }),
+            wake: Condvar::new(),
+        });
+        let run = flusher.clone();
+        let bus = bus.to_string();
+        std::thread::Builder::new()
+            .name(format!("flush-{}", bus.chars().take(9).collect::<String>()))
+            .spawn(move || {
+                run.run(
+                    &bus,
+                    &shards,
+                    &healthy,
+                    #[cfg(test)]
+                    &fail,
+                )
+            })
+            .map_err(|e| StoreError::io("starting the log's flush thread", &e))?;
+        Ok(flusher)
+    }
+
+    fn request(&self, shard: usize, end: Seq) {
+        let mut wanted = lock(&self.wanted);
+        if let Some(wanted_end) = wanted.ends.get_mut(shard) {
+            if end > *wanted_end {
+                *wanted_end = end;
+                drop(wanted);
+                self.wake.notify_one();
+            }
+        }
+    }
+
+    fn close(&self) {
+        lock(&self.wanted).closed = true;
+        self.wake.notify_one();
+    }
+
+    fn run(
+        &self,
+        bus: &str,
+        shards: &[Shard],
+        healthy: &AtomicBool,
+        #[cfg(test)] fail: &AtomicU32,
+    ) {
+        let mut flushed: Vec<Seq> = shards.iter().map(|s| *s.tail.borrow()).collect();
+        loop {
+            // Wait for a shard asked past what was flushed.
+            let ends = {
+                let mut wanted = lock(&self.wanted);
+                loop {
+                    if wanted.ends.iter().zip(&flushed).any(|(w, f)| w > f) {
+                        break wanted.ends.clone();
+                    }
+                    if wanted.closed {
+                        return;
+                    }
+                    wanted = match self.wake.wait(wanted) {
+                        Ok(guard) => guard,
+                        Err(poisoned) => poisoned.into_inner(),
+                    };
+                }
+            };
+            // Each shard asked for, as far as it is written now (a roll flushed the older
+            // segments already; the active one holds the rest).
+            let round: Vec<(usize, Arc<File>, Seq)> = ends
+                .iter()
+                .enumerate()
+                .filter(|(i, end)| **end > flushed[*i])
+                .map(|(i, _)| {
+                    let active = lock(&shards[i].active);
+                    (i, active.file.clone(), active.next_seq)
+                })
+                .collect();
+            let started = std::time::Instant::now();
+            let mut failure = None;
+            if healthy.load(Ordering::SeqCst) {
+                for (_, file, _) in &round {
+                    if let Err(e) = sync_data(
+                        file,
+                        #[cfg(test)]
+                        fail,
+                    ) {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            } else {
+                failure = Some(std::io::Error::other("the log is fenced"));
+            }
+            let metrics = crate::metrics::get();
+            metrics
+                .flush_duration
+                .observe(started.elapsed().as_secs_f64());
+            match failure {
+                None => {
+                    for (i, _, upto) in round {
+                        flushed[i] = upto;
+                        publish(&shards[i], upto);
+                    }
+                }
+                Some(e) => {
+                    // After a failed fsync the page cache may not match the disk: stop
+                    // taking writes rather than acknowledge something that may be gone, and
+                    // wake every appender waiting so that it fails.
+                    if healthy.load(Ordering::SeqCst) {
+                        metrics.flush_errors.inc();
+                        fence(healthy, bus, "flushing the log", &e);
+                    }
+                    for (i, end) in ends.iter().enumerate() {
+                        flushed[i] = flushed[i].max(*end);
+                    }
+                    for shard in shards {
+                        shard.tail.send_modify(|_| {});
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for EmbeddedLog {
+    fn drop(&mut self) {
+        if let Some(flusher) = &self.flusher {
+            flusher.close();
+        }
     }
 }
 
@@ -399,7 +556,9 @@ impl BusLog for EmbeddedLog {
                         publish(shard, end);
                         Ok(first)
                     }
-                    Durability::Fsync => self.sync_to(shard, end).await.map(|()| first),
+                    Durability::Fsync => {
+                        self.sync_to(append.shard, shard, end).await.map(|()| first)
+                    }
                 }
                 .inspect(|_| {
                     shard.appended.inc_by(append.records.len() as u64);
@@ -698,6 +857,67 @@ mod tests {
         let log = open_one(dir.path());
         assert!(log.healthy());
         append_one(&log, &["after restart"]).await;
+    }
+
+    #[tokio::test]
+    async fn appenders_of_every_shard_share_the_flusher_and_all_fail_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let log =
+            std::sync::Arc::new(EmbeddedLog::open("b", dir.path(), 4, &options(1 << 20)).unwrap());
+        // Concurrent appenders on four shards: every record durable, in order per shard.
+        let mut tasks = Vec::new();
+        for t in 0..16u32 {
+            let log = log.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..25 {
+                    let result = log
+                        .append(vec![append(t % 4, &[&format!("{t}-{i}")])])
+                        .await
+                        .remove(0);
+                    result.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        for shard in 0..4 {
+            assert_eq!(read_all(&log, shard, 0).await.len(), 100);
+            assert_eq!(*log.tail(shard).borrow(), 100);
+        }
+        // One failed flush fails the appenders waiting on every shard, not only its own.
+        log.fail_syncs.store(1, Ordering::SeqCst);
+        let mut tasks = Vec::new();
+        for t in 0..8u32 {
+            let log = log.clone();
+            tasks.push(tokio::spawn(async move {
+                log.append(vec![append(t % 4, &["x"])]).await.remove(0)
+            }));
+        }
+        for t in tasks {
+            assert!(t.await.unwrap().is_err(), "no appender is acknowledged");
+        }
+        assert!(!log.healthy());
+        for shard in 0..4 {
+            assert_eq!(*log.tail(shard).borrow(), 100, "nothing more was published");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dropped_log_stops_its_flusher() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open_one(dir.path());
+        append_one(&log, &["one"]).await;
+        let flusher = std::sync::Arc::downgrade(log.flusher.as_ref().unwrap());
+        drop(log);
+        // The thread holds the flusher until it has seen the close.
+        for _ in 0..200 {
+            if flusher.upgrade().is_none() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the flush thread did not stop after the log was dropped");
     }
 
     #[tokio::test]
