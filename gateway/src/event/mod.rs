@@ -6,6 +6,7 @@
 //! the CloudEvents their peers send. Neither imports anything else of the gateway.
 
 pub mod http;
+mod scan;
 pub mod stored;
 
 pub use stored::*;

@@ -208,7 +208,13 @@ pub(crate) fn append_binary_data(
     let mut reads_back = true;
     match content_type {
         Some((ct, true)) if is_json(ct) => {
-            let depth = strict_json(body).map_err(|e| {
+            // The one-pass scan vouches for plain JSON; the full check decides the rest
+            // (and names what is wrong).
+            let depth = match super::scan::scan(body) {
+                super::scan::Scan::Valid(depth) => Ok(depth),
+                super::scan::Scan::Unsure => strict_json(body),
+            }
+            .map_err(|e| {
                 EventError::invalid(
                     "data",
                     format!("the body is not valid JSON, but the content type is `{ct}`: {e}"),
