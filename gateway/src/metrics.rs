@@ -83,6 +83,82 @@ fn delivery_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 4.0, 9))
 }
 
+/// The ingress series of one (bus, mode): `202`s, the commonest answer, counted by a held
+/// handle; other statuses by label (they are rarer and each is a new series anyway).
+pub struct IngressSeries {
+    bytes: Counter,
+    duration: Histogram,
+    /// Made at the first `202`, so that a bus that never accepted shows no such series.
+    accepted: OnceLock<Counter>,
+    bus: String,
+    mode: &'static str,
+}
+
+impl IngressSeries {
+    /// One request: its status, its bytes and its duration.
+    pub fn record(&self, status: u16, bytes: u64, elapsed: Duration) {
+        self.bytes.inc_by(bytes);
+        self.duration.observe(elapsed.as_secs_f64());
+        if status == 202 {
+            self.accepted
+                .get_or_init(|| {
+                    get()
+                        .ingress_requests
+                        .get_or_create(&IngressLabels {
+                            bus: self.bus.clone(),
+                            mode: self.mode.to_string(),
+                            status: "202".to_string(),
+                        })
+                        .clone()
+                })
+                .inc();
+        } else {
+            get()
+                .ingress_requests
+                .get_or_create(&IngressLabels {
+                    bus: self.bus.clone(),
+                    mode: self.mode.to_string(),
+                    status: status.to_string(),
+                })
+                .inc();
+        }
+    }
+}
+
+/// The ingress series of one bus in each CloudEvents content mode (`binary`, `structured`,
+/// `batch`, `other`): each resolved by the first request in that mode and held by the
+/// catalog version's ingress settings (so a new version resolves them again, once).
+pub struct BusIngressSeries {
+    bus: String,
+    modes: [OnceLock<IngressSeries>; 4],
+}
+
+impl BusIngressSeries {
+    pub const MODES: [&'static str; 4] = ["binary", "structured", "batch", "other"];
+
+    pub fn new(bus: &str) -> BusIngressSeries {
+        BusIngressSeries {
+            bus: bus.to_string(),
+            modes: Default::default(),
+        }
+    }
+
+    /// The series of `mode` (one of [`Self::MODES`]; anything else counts as `other`).
+    pub fn mode(&self, mode: &str) -> &IngressSeries {
+        let i = Self::MODES.iter().position(|m| *m == mode).unwrap_or(3);
+        let mode = Self::MODES[i];
+        self.modes[i].get_or_init(|| get().ingress_series(&self.bus, mode))
+    }
+}
+
+/// The series of requests to a bus that does not exist (`bus="unknown"`).
+pub fn unknown_bus_series() -> std::sync::Arc<BusIngressSeries> {
+    static UNKNOWN: OnceLock<std::sync::Arc<BusIngressSeries>> = OnceLock::new();
+    UNKNOWN
+        .get_or_init(|| std::sync::Arc::new(BusIngressSeries::new("unknown")))
+        .clone()
+}
+
 /// Every metric of the process.
 pub struct Metrics {
     registry: Registry,
@@ -415,6 +491,22 @@ impl Metrics {
             expired: self.expired.get_or_create(&labels).clone(),
             duration: self.delivery_duration.get_or_create(&labels).clone(),
             latency: self.event_latency.get_or_create(&labels).clone(),
+        }
+    }
+
+    /// The ingress series of one bus in one mode, resolved once (when the catalog
+    /// changes), for the request path: an atomic add per figure, no label lookup.
+    pub fn ingress_series(&self, bus: &str, mode: &'static str) -> IngressSeries {
+        let labels = BusModeLabels {
+            bus: bus.to_string(),
+            mode: mode.to_string(),
+        };
+        IngressSeries {
+            bytes: self.ingress_bytes.get_or_create(&labels).clone(),
+            duration: self.ingress_duration.get_or_create(&labels).clone(),
+            accepted: OnceLock::new(),
+            bus: bus.to_string(),
+            mode,
         }
     }
 

@@ -432,6 +432,7 @@ pub(super) fn settings_of(
         rate: Arc::new(plan.rate_limits.clone()),
         webhooks,
         aws: Arc::new(plan.aws.clone()),
+        series: Settings::series_of(plan.logs.keys()),
     }
 }
 

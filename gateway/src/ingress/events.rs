@@ -20,6 +20,12 @@ use crate::store::StoreError;
 
 /// Records the request's metrics around the handler. Labels stay bounded: an unknown bus
 /// is `bus="unknown"`, and the mode comes from a fixed set.
+///
+/// The request id is the caller's `X-Request-Id` when it is a sane token, else a new one;
+/// the answer echoes it. The request's span (`request`, with the id, bus and mode) exists
+/// only when something reads it: span export (`[tracing]`) or a log filter at `debug` for
+/// the gateway, where every log line of the request carries its id. At `info` a request
+/// that succeeds writes no log line, so the span would only cost.
 pub(crate) async fn post_events(
     State(state): State<Arc<IngressState>>,
     Path(bus): Path<String>,
@@ -35,51 +41,59 @@ pub(crate) async fn post_events(
     };
     // Everything the request needs of the running catalog, read once.
     let settings = state.settings();
-    let label = if settings.buses.contains_key(&bus) {
-        bus.clone()
-    } else {
-        "unknown".to_string()
-    };
-    // The request id: the caller's `X-Request-Id` when it is a sane token, else a new one;
-    // every log line of the request carries it (span field), and the answer echoes it.
-    let request_id = request
-        .headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
-        .map_or_else(|| format!("{:032x}", fastrand::u128(..)), str::to_string);
-    let span = tracing::info_span!(
-        "request",
-        request_id = %request_id,
-        bus = %label,
-        mode,
-        traceparent = tracing::field::Empty
-    );
-    // The caller's trace, for the exported span to continue (read only when exporting).
-    #[cfg(feature = "otlp")]
-    if crate::otlp::enabled() {
-        if let Some(parent) = request
-            .headers()
-            .get("traceparent")
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| crate::event::http::valid_traceparent(v))
-        {
-            span.record("traceparent", parent);
+    let series = settings.series(&bus);
+    let request_id = request_id(request.headers());
+    let mut response = if wants_span() {
+        let span = tracing::info_span!(
+            "request",
+            request_id = %request_id,
+            bus = %if settings.buses.contains_key(&bus) { bus.as_str() } else { "unknown" },
+            mode,
+            traceparent = tracing::field::Empty
+        );
+        // The caller's trace, for the exported span to continue (read only when exporting).
+        #[cfg(feature = "otlp")]
+        if crate::otlp::enabled() {
+            if let Some(parent) = request
+                .headers()
+                .get("traceparent")
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| crate::event::http::valid_traceparent(v))
+            {
+                span.record("traceparent", parent);
+            }
         }
-    }
-    let mut response =
-        tracing::Instrument::instrument(handle_events(state, settings, bus, request), span).await;
+        tracing::Instrument::instrument(handle_events(state, settings, bus, request), span).await
+    } else {
+        handle_events(state, settings, bus, request).await
+    };
     if let Ok(value) = http::HeaderValue::from_str(&request_id) {
         response.headers_mut().insert("x-request-id", value);
     }
-    crate::metrics::get().ingress(
-        label,
-        mode,
-        response.status().as_u16(),
-        bytes,
-        started.elapsed(),
-    );
+    series
+        .mode(mode)
+        .record(response.status().as_u16(), bytes, started.elapsed());
     response
+}
+
+/// The caller's `X-Request-Id` when it is a sane token (1 to 128 visible ASCII
+/// characters), else a new random one.
+pub(crate) fn request_id(headers: &http::HeaderMap) -> String {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map_or_else(|| format!("{:032x}", fastrand::u128(..)), str::to_string)
+}
+
+/// Whether a request's span is read by anyone: span export, or logs at `debug` for the
+/// ingress (the callsite's interest is cached by `tracing`: a load and a compare).
+pub(crate) fn wants_span() -> bool {
+    #[cfg(feature = "otlp")]
+    if crate::otlp::enabled() {
+        return true;
+    }
+    tracing::enabled!(tracing::Level::DEBUG)
 }
 
 async fn handle_events(
@@ -182,6 +196,16 @@ fn respond(
     stored: Vec<Option<Result<(), StoreError>>>,
     duplicates: &[bool],
 ) -> Response {
+    // The common answer, everything accepted, written straight to bytes.
+    let all_stored = entries.len() == stored.len()
+        && stored.iter().all(|s| matches!(s, Some(Ok(()))))
+        && !duplicates.iter().any(|d| *d);
+    if all_stored {
+        let ids = entries
+            .iter()
+            .filter_map(|e| e.as_ref().ok().map(|(id, _, _)| id.as_str()));
+        return accepted(ids);
+    }
     let mut failed = 0;
     let mut store_failures = 0;
     let results: Vec<Value> = entries
@@ -227,4 +251,30 @@ fn respond(
         problem = problem.with_extra("entries", body["entries"].clone());
     }
     problem.into_response()
+}
+
+/// `202` with every entry accepted: the body `respond` would build as a JSON tree,
+/// written directly (`{"entries":[{"id":…,"status":"accepted"},…],"failedEntryCount":0}`).
+fn accepted<'a>(ids: impl Iterator<Item = &'a str>) -> Response {
+    let mut body = Vec::with_capacity(96);
+    body.extend_from_slice(b"{\"entries\":[");
+    for (i, id) in ids.enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(b"{\"id\":");
+        // A string always serialises.
+        let _ = serde_json::to_writer(&mut body, id);
+        body.extend_from_slice(b",\"status\":\"accepted\"}");
+    }
+    body.extend_from_slice(b"],\"failedEntryCount\":0}");
+    (
+        StatusCode::ACCEPTED,
+        [(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
 }

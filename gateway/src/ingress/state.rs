@@ -19,6 +19,7 @@ use crate::ingress::limits::Limits;
 use crate::ingress::ratelimit::{Limiter, RateLimitConfig};
 use crate::ingress::schema::BusSchemas;
 use crate::ingress::webhooks::source::Webhooks;
+use crate::metrics::BusIngressSeries;
 use crate::problem::Problem;
 use crate::store::cluster::Cluster;
 use crate::store::dedup::Dedup;
@@ -42,6 +43,8 @@ pub struct Settings {
     pub webhooks: Arc<Webhooks>,
     /// The AWS PutEvents settings (`aws` table) of each bus that has one.
     pub aws: Arc<HashMap<String, Arc<crate::ingress::compat::aws::config::AwsBus>>>,
+    /// The ingress metrics of each bus, resolved once per catalog version.
+    pub series: Arc<HashMap<String, Arc<BusIngressSeries>>>,
 }
 
 impl Settings {
@@ -55,6 +58,29 @@ impl Settings {
             rate: Arc::default(),
             webhooks: Arc::new(Webhooks::empty()),
             aws: Arc::default(),
+            series: Arc::default(),
+        }
+    }
+
+    /// The ingress series for each of `buses`.
+    pub fn series_of<'a>(
+        buses: impl IntoIterator<Item = &'a String>,
+    ) -> Arc<HashMap<String, Arc<BusIngressSeries>>> {
+        Arc::new(
+            buses
+                .into_iter()
+                .map(|bus| (bus.clone(), Arc::new(BusIngressSeries::new(bus))))
+                .collect(),
+        )
+    }
+
+    /// The ingress metrics of a request to `bus`: its bus's, or `bus="unknown"` (labels
+    /// stay bounded whatever the path says).
+    pub fn series(&self, bus: &str) -> Arc<BusIngressSeries> {
+        match self.series.get(bus) {
+            Some(series) => series.clone(),
+            None if self.buses.contains_key(bus) => Arc::new(BusIngressSeries::new(bus)),
+            None => crate::metrics::unknown_bus_series(),
         }
     }
 }
