@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod backend;
+mod limits;
 mod plan;
 pub mod router;
 #[cfg(test)]
