@@ -80,7 +80,14 @@ impl ReaderLoop {
                             );
                         }
                     }
+                    let full = records.len() >= self.batch;
                     self.shared.dispatch(records);
+                    if !full {
+                        // Under load, let the appenders add to the shard before the next
+                        // read, rather than wake for every record: one read then takes what
+                        // many requests appended. Idle, this returns at once.
+                        tokio::task::yield_now().await;
+                    }
                 }
                 Err(e) => {
                     self.reader = None;
