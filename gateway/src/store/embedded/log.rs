@@ -6,13 +6,12 @@
 //!
 //! Appends write straight from the request's task under the shard's lock (a page-cache
 //! write of a few KiB): no thread hand-off on the hot path. Durability `fsync` adds group
-//! commit across the shards of the log: an appender that needs its records durable asks the
-//! log's flusher (one thread per log, off the async workers) and waits for its shard's tail
-//! to pass them. The flusher runs rounds: each takes every shard written since the last one
-//! and `fdatasync`s it, covering every record written so far, then publishes them all. While
-//! one round runs the next group gathers, so an appender waits for at most the round in
-//! progress and the next, never for a queue of earlier appenders, and one round's flushes
-//! serve every shard and every concurrent request.
+//! commit: an appender that needs its records durable records how far (`FlushState`) and
+//! waits for its shard's tail to pass them. The first to find no flush running starts the
+//! shard's flush task, which runs `fdatasync` off the async workers (covering every record
+//! written so far), publishes, and goes again while appenders asked for more. So an
+//! appender waits for at most the flush in progress and the next, never for a queue of
+//! earlier appenders, and the flushes of a log's shards run side by side.
 //!
 //! With `fsync`, segment files grow in zero-filled chunks ahead of the records: a flush of
 //! writes into space that already exists needs no file-size (metadata) journal commit, which
@@ -32,7 +31,7 @@ use std::path::{Path, PathBuf};
 #[cfg(test)]
 use std::sync::atomic::AtomicU32;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -72,6 +71,8 @@ struct Shard {
     tail: watch::Sender<Seq>,
     segments: Segments,
     cache: Arc<Mutex<Cache>>,
+    /// The shard's group commit: how far appenders wait, and whether a flush task runs.
+    flush: Mutex<FlushState>,
     /// `sluice_events_appended_total` of this shard.
     appended: prometheus_client::metrics::counter::Counter,
 }
@@ -84,8 +85,6 @@ pub struct EmbeddedLog {
     /// False once a flush failed (or the log closed): the log is fenced, it takes no writes
     /// and publishes nothing more until a restart has re-verified its segments.
     healthy: Arc<AtomicBool>,
-    /// Durability `fsync`: where appenders ask for their records to be flushed.
-    flusher: Option<Arc<Flusher>>,
     /// Why the last write failed (no space, file too large), while it keeps failing: the log
     /// is not fenced, every write is tried again, and the first to succeed clears this.
     write_problem: Mutex<Option<String>>,
@@ -130,6 +129,10 @@ impl EmbeddedLog {
                 }),
                 tail: watch::Sender::new(recovered.next_seq),
                 segments: Arc::new(Mutex::new(recovered.bases)),
+                flush: Mutex::new(FlushState {
+                    wanted: recovered.next_seq,
+                    running: false,
+                }),
                 cache: Arc::new(Mutex::new(Cache {
                     records: VecDeque::new(),
                     bytes: 0,
@@ -138,29 +141,14 @@ impl EmbeddedLog {
                 appended: crate::metrics::get().appended(bus, shard),
             });
         }
-        let shards = Arc::new(handles);
-        let healthy = Arc::new(AtomicBool::new(true));
-        #[cfg(test)]
-        let fail_syncs = Arc::new(AtomicU32::new(0));
-        let flusher = match options.durability {
-            Durability::Os => None,
-            Durability::Fsync => Some(Flusher::start(
-                bus,
-                shards.clone(),
-                healthy.clone(),
-                #[cfg(test)]
-                fail_syncs.clone(),
-            )?),
-        };
         Ok(EmbeddedLog {
             bus: bus.to_string(),
-            shards,
+            shards: Arc::new(handles),
             options: options.clone(),
-            healthy,
-            flusher,
+            healthy: Arc::new(AtomicBool::new(true)),
             write_problem: Mutex::new(None),
             #[cfg(test)]
-            fail_syncs,
+            fail_syncs: Arc::new(AtomicU32::new(0)),
         })
     }
 
@@ -328,17 +316,29 @@ impl EmbeddedLog {
         Ok(())
     }
 
-    /// Makes the shard's records below `end` durable: asks the flusher and waits for the
-    /// round that covers them (the shard's tail passes `end`), or fails when a flush failed.
+    /// Makes the shard's records below `end` durable: records how far, starts the shard's
+    /// flush task unless one runs, and waits for the shard's tail to pass `end` (or for a
+    /// flush to fail).
     async fn sync_to(&self, index: u32, shard: &Shard, end: Seq) -> Result<(), StoreError> {
         let mut tail = shard.tail.subscribe();
         if *tail.borrow_and_update() >= end {
             return Ok(());
         }
-        let Some(flusher) = &self.flusher else {
-            return Ok(());
+        let start = {
+            let mut flush = lock(&shard.flush);
+            flush.wanted = flush.wanted.max(end);
+            !std::mem::replace(&mut flush.running, true)
         };
-        flusher.request(index as usize, end);
+        if start {
+            tokio::spawn(flush_shard(FlushTask {
+                bus: self.bus.clone(),
+                shards: self.shards.clone(),
+                index: index as usize,
+                healthy: self.healthy.clone(),
+                #[cfg(test)]
+                fail: self.fail_syncs.clone(),
+            }));
+        }
         loop {
             // The appenders waiting on a failed flush must fail too: flushing the same file
             // again can report success (Linux clears the error once reported) while their
@@ -368,155 +368,75 @@ fn fence(healthy: &AtomicBool, bus: &str, what: &str, e: &std::io::Error) -> Sto
     StoreError::io(&format!("{what} failed"), e)
 }
 
-/// The flusher of a log with durability `fsync`: one thread that runs group commits for all
-/// its shards. Appenders record how far each shard must be durable (`request`); a round
-/// takes every shard asked for, reads how far it is written, flushes it, and publishes.
-struct Flusher {
-    wanted: Mutex<Wanted>,
-    wake: Condvar,
+/// A shard's group commit (durability `fsync`).
+struct FlushState {
+    /// The end the appenders wait for.
+    wanted: Seq,
+    /// A flush task runs for the shard.
+    running: bool,
 }
 
-struct Wanted {
-    /// Per shard: the end the appenders wait for.
-    ends: Vec<Seq>,
-    /// The log is gone: finish what is asked, then stop.
-    closed: bool,
+/// What a shard's flush task needs of its log.
+struct FlushTask {
+    bus: String,
+    shards: Arc<Vec<Shard>>,
+    index: usize,
+    healthy: Arc<AtomicBool>,
+    #[cfg(test)]
+    fail: Arc<AtomicU32>,
 }
 
-impl Flusher {
-    fn start(
-        bus: &str,
-        shards: Arc<Vec<Shard>>,
-        healthy: Arc<AtomicBool>,
-        #[cfg(test)] fail: Arc<AtomicU32>,
-    ) -> Result<Arc<Flusher>, StoreError> {
-        let flusher = Arc::new(Flusher {
-            wanted: Mutex::new(Wanted {
-                ends: vec![0; shards.len()],
-                closed: false,
-            }),
-            wake: Condvar::new(),
-        });
-        let run = flusher.clone();
-        let bus = bus.to_string();
-        std::thread::Builder::new()
-            .name(format!("flush-{}", bus.chars().take(9).collect::<String>()))
-            .spawn(move || {
-                run.run(
-                    &bus,
-                    &shards,
-                    &healthy,
+/// A shard's flush task: `fdatasync` (on a blocking thread) covering every record written
+/// so far, publish them, and again while appenders asked for more; then it ends. A failed
+/// flush fences the log and wakes every appender waiting on the shard, which fails.
+async fn flush_shard(task: FlushTask) {
+    let Some(shard) = task.shards.get(task.index) else {
+        return;
+    };
+    let metrics = crate::metrics::get();
+    loop {
+        let (file, upto) = {
+            let active = lock(&shard.active);
+            (active.file.clone(), active.next_seq)
+        };
+        let result = if task.healthy.load(Ordering::SeqCst) {
+            #[cfg(test)]
+            let fail = task.fail.clone();
+            let started = std::time::Instant::now();
+            let result = tokio::task::spawn_blocking(move || {
+                sync_data(
+                    &file,
                     #[cfg(test)]
                     &fail,
                 )
             })
-            .map_err(|e| StoreError::io("starting the log's flush thread", &e))?;
-        Ok(flusher)
-    }
-
-    fn request(&self, shard: usize, end: Seq) {
-        let mut wanted = lock(&self.wanted);
-        if let Some(wanted_end) = wanted.ends.get_mut(shard) {
-            if end > *wanted_end {
-                *wanted_end = end;
-                drop(wanted);
-                self.wake.notify_one();
-            }
-        }
-    }
-
-    fn close(&self) {
-        lock(&self.wanted).closed = true;
-        self.wake.notify_one();
-    }
-
-    fn run(
-        &self,
-        bus: &str,
-        shards: &[Shard],
-        healthy: &AtomicBool,
-        #[cfg(test)] fail: &AtomicU32,
-    ) {
-        let mut flushed: Vec<Seq> = shards.iter().map(|s| *s.tail.borrow()).collect();
-        loop {
-            // Wait for a shard asked past what was flushed.
-            let ends = {
-                let mut wanted = lock(&self.wanted);
-                loop {
-                    if wanted.ends.iter().zip(&flushed).any(|(w, f)| w > f) {
-                        break wanted.ends.clone();
-                    }
-                    if wanted.closed {
-                        return;
-                    }
-                    wanted = match self.wake.wait(wanted) {
-                        Ok(guard) => guard,
-                        Err(poisoned) => poisoned.into_inner(),
-                    };
-                }
-            };
-            // Each shard asked for, as far as it is written now (a roll flushed the older
-            // segments already; the active one holds the rest).
-            let round: Vec<(usize, Arc<File>, Seq)> = ends
-                .iter()
-                .enumerate()
-                .filter(|(i, end)| **end > flushed[*i])
-                .map(|(i, _)| {
-                    let active = lock(&shards[i].active);
-                    (i, active.file.clone(), active.next_seq)
-                })
-                .collect();
-            let started = std::time::Instant::now();
-            let mut failure = None;
-            if healthy.load(Ordering::SeqCst) {
-                for (_, file, _) in &round {
-                    if let Err(e) = sync_data(
-                        file,
-                        #[cfg(test)]
-                        fail,
-                    ) {
-                        failure = Some(e);
-                        break;
-                    }
-                }
-            } else {
-                failure = Some(std::io::Error::other("the log is fenced"));
-            }
-            let metrics = crate::metrics::get();
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(format!("flush task failed: {e}"))));
             metrics
                 .flush_duration
                 .observe(started.elapsed().as_secs_f64());
-            match failure {
-                None => {
-                    for (i, _, upto) in round {
-                        flushed[i] = upto;
-                        publish(&shards[i], upto);
-                    }
+            result
+        } else {
+            Err(std::io::Error::other("the log is fenced"))
+        };
+        match result {
+            Ok(()) => publish(shard, upto),
+            Err(e) => {
+                // After a failed fsync the page cache may not match the disk: stop taking
+                // writes rather than acknowledge something that may be gone.
+                if task.healthy.load(Ordering::SeqCst) {
+                    metrics.flush_errors.inc();
+                    fence(&task.healthy, &task.bus, "flushing the log", &e);
                 }
-                Some(e) => {
-                    // After a failed fsync the page cache may not match the disk: stop
-                    // taking writes rather than acknowledge something that may be gone, and
-                    // wake every appender waiting so that it fails.
-                    if healthy.load(Ordering::SeqCst) {
-                        metrics.flush_errors.inc();
-                        fence(healthy, bus, "flushing the log", &e);
-                    }
-                    for (i, end) in ends.iter().enumerate() {
-                        flushed[i] = flushed[i].max(*end);
-                    }
-                    for shard in shards {
-                        shard.tail.send_modify(|_| {});
-                    }
-                }
+                lock(&shard.flush).running = false;
+                shard.tail.send_modify(|_| {});
+                return;
             }
         }
-    }
-}
-
-impl Drop for EmbeddedLog {
-    fn drop(&mut self) {
-        if let Some(flusher) = &self.flusher {
-            flusher.close();
+        let mut flush = lock(&shard.flush);
+        if flush.wanted <= upto {
+            flush.running = false;
+            return;
         }
     }
 }
@@ -860,7 +780,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn appenders_of_every_shard_share_the_flusher_and_all_fail_with_it() {
+    async fn shards_flush_side_by_side_and_a_failed_flush_fences_the_log() {
         let dir = tempfile::tempdir().unwrap();
         let log =
             std::sync::Arc::new(EmbeddedLog::open("b", dir.path(), 4, &options(1 << 20)).unwrap());
@@ -885,7 +805,15 @@ mod tests {
             assert_eq!(read_all(&log, shard, 0).await.len(), 100);
             assert_eq!(*log.tail(shard).borrow(), 100);
         }
-        // One failed flush fails the appenders waiting on every shard, not only its own.
+        // Each shard's flush task ends once nothing more is asked of it.
+        for _ in 0..200 {
+            if log.shards.iter().all(|s| !lock(&s.flush).running) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert!(log.shards.iter().all(|s| !lock(&s.flush).running));
+        // A failed flush fences the log: its waiters fail, and so does every later append.
         log.fail_syncs.store(1, Ordering::SeqCst);
         let mut tasks = Vec::new();
         for t in 0..8u32 {
@@ -894,30 +822,16 @@ mod tests {
                 log.append(vec![append(t % 4, &["x"])]).await.remove(0)
             }));
         }
+        let mut failed = 0;
         for t in tasks {
-            assert!(t.await.unwrap().is_err(), "no appender is acknowledged");
-        }
-        assert!(!log.healthy());
-        for shard in 0..4 {
-            assert_eq!(*log.tail(shard).borrow(), 100, "nothing more was published");
-        }
-    }
-
-    #[tokio::test]
-    async fn a_dropped_log_stops_its_flusher() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = open_one(dir.path());
-        append_one(&log, &["one"]).await;
-        let flusher = std::sync::Arc::downgrade(log.flusher.as_ref().unwrap());
-        drop(log);
-        // The thread holds the flusher until it has seen the close.
-        for _ in 0..200 {
-            if flusher.upgrade().is_none() {
-                return;
+            if t.await.unwrap().is_err() {
+                failed += 1;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
-        panic!("the flush thread did not stop after the log was dropped");
+        assert!(failed >= 1, "the appenders of the failed flush fail");
+        assert!(!log.healthy());
+        let later = log.append(vec![append(2, &["later"])]).await.remove(0);
+        assert!(later.is_err());
     }
 
     #[tokio::test]
