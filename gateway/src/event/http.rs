@@ -103,14 +103,17 @@ pub struct Parsed {
 }
 
 impl Parsed {
-    /// Encodes a complete event into its stored form.
+    /// Encodes a complete event into its stored form. Whether it reads back is known
+    /// from the event where that is certain (`surely_reads_back`), so that the common
+    /// event is not decoded a second time to find out.
     pub fn encode(event: Event) -> Result<Parsed, EventError> {
         let stored = encode(&event)
             .map_err(|e| EventError::invalid("event", format!("cannot encode: {e}")))?;
+        let reads_back = super::stored::surely_reads_back(&event);
         Ok(Parsed {
             event,
             stored,
-            reads_back: false,
+            reads_back,
         })
     }
 }

@@ -11,7 +11,7 @@
 use std::borrow::Cow;
 
 use base64::Engine as _;
-use cloudevents::event::ExtensionValue;
+use cloudevents::event::{Data, ExtensionValue};
 use cloudevents::{AttributesReader, Event};
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 use serde_json::Value;
@@ -108,6 +108,45 @@ pub fn shard_of(key: &str, shards: u32) -> u32 {
 /// (which adds a level): comfortably below the decoder's recursion limit of 128. Deeper
 /// data is checked by decoding the whole event.
 const STRICT_DEPTH: u32 = 100;
+
+/// Whether the SDK's encoding of `event` certainly decodes again, judged from the event
+/// alone. Attributes and extensions built by this gateway's parsers always do (the SDK
+/// writes them as it reads them); the data is where decoding can fail:
+/// - JSON data other than a string under a content type the decoder does not read as
+///   JSON (`text/plain`, `Application/JSON`): the decoder wants a string there;
+/// - JSON data nested near the decoder's recursion limit (the event adds a level).
+///
+/// Those, and anything else not certain, are `false`: `check_stored` decodes them once.
+pub(crate) fn surely_reads_back(event: &Event) -> bool {
+    match event.data() {
+        None | Some(Data::Binary(_) | Data::String(_) | Data::Json(Value::String(_))) => true,
+        Some(Data::Json(value)) => {
+            decoder_reads_json(event.datacontenttype().unwrap_or("application/json"))
+                && json_depth(value, 0) < STRICT_DEPTH
+        }
+    }
+}
+
+/// The nesting of arrays and objects in `value` (a scalar is 0), counted up to
+/// `STRICT_DEPTH`: deeper is deep enough to answer.
+fn json_depth(value: &Value, above: u32) -> u32 {
+    if above >= STRICT_DEPTH {
+        return above;
+    }
+    match value {
+        Value::Array(items) => items
+            .iter()
+            .map(|v| json_depth(v, above + 1))
+            .max()
+            .unwrap_or(above + 1),
+        Value::Object(map) => map
+            .values()
+            .map(|v| json_depth(v, above + 1))
+            .max()
+            .unwrap_or(above + 1),
+        _ => above,
+    }
+}
 
 /// Reads `body` the way the decoder reads JSON data into a `serde_json::Value` (strings
 /// unescaped and checked, so a lone surrogate fails; numbers parsed, so `1e400` fails;
@@ -290,6 +329,58 @@ pub(crate) fn header_text(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn structured(content_type: Option<&str>, data: Value) -> Event {
+        let mut event = serde_json::json!({
+            "specversion": "1.0", "id": "1", "source": "/s", "type": "t", "data": data,
+        });
+        if let Some(ct) = content_type {
+            event["datacontenttype"] = Value::from(ct);
+        }
+        let Value::Object(map) = event else {
+            unreachable!()
+        };
+        crate::event::http::from_json_object(map).unwrap()
+    }
+
+    fn nested(depth: usize) -> Value {
+        let text = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// What `surely_reads_back` vouches for decodes; what does not decode it leaves to
+    /// `check_stored`.
+    #[test]
+    fn surely_reads_back_only_what_decodes() {
+        let object = serde_json::json!({"a": [1, 2.5, "x", {"b": null}]});
+        let cases = [
+            (None, object.clone()),
+            (Some("application/json"), object.clone()),
+            (Some("application/cloudevents+json"), object.clone()),
+            (Some("text/plain"), Value::from("text")),
+            (Some("text/plain"), object.clone()),
+            (Some("Application/JSON"), object.clone()),
+            (Some("application/json"), nested(99)),
+            (Some("application/json"), nested(126)),
+            (None, nested(127)),
+            (Some("application/xml"), serde_json::json!(12)),
+        ];
+        for (ct, data) in cases {
+            let event = structured(ct, data.clone());
+            let stored = encode(&event).unwrap();
+            let sure = surely_reads_back(&event);
+            if sure {
+                assert!(
+                    check_stored(&stored).is_ok(),
+                    "vouched for {ct:?} {data}, which does not decode"
+                );
+            }
+        }
+        assert!(!surely_reads_back(&structured(Some("text/plain"), object)));
+        assert!(!surely_reads_back(&structured(None, nested(127))));
+        assert!(check_stored(&encode(&structured(None, nested(127))).unwrap()).is_err());
+        assert!(surely_reads_back(&structured(None, nested(50))));
+    }
 
     /// The shard of a key is part of the stored data's layout (order per key, positions per
     /// shard): FNV-1a 64 over the key's bytes, modulo the shard count. These values must
