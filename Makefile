@@ -14,7 +14,7 @@ ROCKETMQ_DIR := $(CACHE)/rocketmq-1.0.0
 ROCKETMQ_BENCH_DIR := $(CACHE)/rocketmq-1.0.0
 export SLUICE_ROCKETMQ_BIN ?= $(ROCKETMQ_DIR)/bin
 
-.PHONY: chaos webhook-node aws-node console-check run test lint fmt fuzz build bench bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq rocketmq-bench infra-check infra-tools clean help
+.PHONY: chaos webhook-node aws-node console-check run test lint fmt fuzz build bench bench-compare bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq rocketmq-bench infra-check infra-tools clean help
 
 help:
 	@echo "make run    - start the gateway standalone with sluice.example.toml (http://127.0.0.1:8080)"
@@ -241,7 +241,14 @@ rocketmq-bench:
 		$(CARGO) install --locked --root $(ROCKETMQ_BENCH_DIR) rocketmq-namesrv@1.0.0 rocketmq-broker@1.0.0; \
 	fi
 
+# Every benchmark, then the figures gathered into target/bench/summary.json and compared
+# with the committed previous run (tests/bench/summary.json): what moved by more than 10 %.
 bench: bench-ingest bench-functions bench-cluster bench-targets bench-rules
+	tests/bench/summary.py
+
+# The comparison alone, after one or more bench-* targets.
+bench-compare:
+	tests/bench/summary.py
 
 # End-to-end events/s into RocketMQ and into an HTTP receiver, against each peer's own capacity.
 bench-targets: rocketmq-bench
@@ -249,6 +256,7 @@ bench-targets: rocketmq-bench
 
 bench-ingest:
 	$(call apt_install,wrk,wrk)
+	@command -v inferno-flamegraph >/dev/null || $(CARGO) install --locked inferno || echo "inferno could not be installed: flame graphs stay folded stacks"
 	tests/bench/ingest.sh
 	tests/bench/compat.sh
 

@@ -70,4 +70,10 @@ for mode in cloudevents aws rocketmq; do
   printf '%-28s %12s %8s %10s\n' "$mode" "$(mean $mode)" \
     "$(awk -v a="$(mean $mode)" -v b="$ce" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')" "$(bad $mode)"
 done
+mkdir -p target/bench
+{
+  for mode in aws rocketmq; do
+    echo "compat.$mode.ratio $(awk -v a="$(mean $mode)" -v b="$ce" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')"
+  done
+} > target/bench/compat.summary
 echo "goal: aws and rocketmq >= 0.90 of the CloudEvents batch, none refused (wrk -t1 -c$CONNECTIONS -d$DURATION, $ROUNDS rounds)"

@@ -1,4 +1,6 @@
 -- wrk script: POST a ~1 KiB binary-mode CloudEvent, a fresh id per request.
+-- DELAY_MS (optional): each connection waits this long after an answer before its next
+-- request, for a run at a set rate (connections / delay) instead of as fast as it goes.
 local counter = 0
 local thread_id = tostring(math.random(1, 1000000000))
 -- The event data (~1 KiB), shared with ingest.sh and the other script, next to this one.
@@ -18,4 +20,11 @@ request = function()
   counter = counter + 1
   wrk.headers["ce-id"] = thread_id .. "-" .. counter
   return wrk.format()
+end
+
+local pause = tonumber(os.getenv("DELAY_MS") or "")
+if pause then
+  delay = function()
+    return pause
+  end
 end

@@ -127,6 +127,34 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Records one figure of a benchmark for `tests/bench/summary.py`: a `key value` line in
+/// `target/bench/{bench}.summary` (the file is started afresh by `bench_summary_start`).
+pub fn bench_summary(bench: &str, key: &str, value: f64) {
+    use std::io::Write as _;
+    let dir = repo_root().join("target").join("bench");
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join(format!("{bench}.summary"));
+    match std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+    {
+        Ok(mut file) => {
+            let _ = writeln!(file, "{bench}.{key} {value:.4}");
+        }
+        Err(e) => eprintln!("cannot write {}: {e}", path.display()),
+    }
+}
+
+/// Starts `target/bench/{bench}.summary` afresh for this run's figures.
+pub fn bench_summary_start(bench: &str) {
+    let path = repo_root()
+        .join("target")
+        .join("bench")
+        .join(format!("{bench}.summary"));
+    let _ = std::fs::remove_file(path);
+}
+
 /// The repository's Python (`.venv`, made by `make venv`) or `SLUICE_E2E_PYTHON`.
 pub fn python() -> PathBuf {
     if let Ok(p) = std::env::var("SLUICE_E2E_PYTHON") {

@@ -171,6 +171,9 @@ async fn bench_targets_rocketmq_and_http() {
         .await;
     let e2e_http = http_n as f64 / start.elapsed().as_secs_f64();
 
+    sluice_tests::bench_summary_start("targets");
+    sluice_tests::bench_summary("targets", "rocketmq.ratio", e2e_mq / raw_mq);
+    sluice_tests::bench_summary("targets", "http.ratio", e2e_http / raw_http);
     println!("BENCH events={n} (http {http_n}), 4 shards, durability=os, 2 cores shared by gateway, broker and load");
     println!("BENCH rocketmq broker producer (batches of 100, 8 in flight): {raw_mq:.0} msg/s");
     println!("BENCH gateway -> rocketmq end to end: {e2e_mq:.0} events/s (ingest alone took {ingest:?}) = {:.0}% of the broker's producer rate", 100.0 * e2e_mq / raw_mq);

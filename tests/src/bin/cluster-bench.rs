@@ -111,6 +111,11 @@ async fn takeover(rounds: usize) {
     }
     takeovers.sort_by(f64::total_cmp);
     joins.sort_by(f64::total_cmp);
+    sluice_tests::bench_summary(
+        "cluster",
+        "takeover_p99_seconds",
+        percentile(&takeovers, 0.99),
+    );
     println!(
         "takeover after SIGKILL ({rounds} rounds, 3 replicas, {SHARDS} tasks, default TTLs): p50 {:.2} s, p99 {:.2} s, max {:.2} s",
         percentile(&takeovers, 0.5),
@@ -190,9 +195,15 @@ async fn main() {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(20_000);
+    sluice_tests::bench_summary_start("cluster");
     takeover(rounds).await;
     for replicas in 1..=3 {
         let (accept, end_to_end) = throughput(replicas, events).await;
+        sluice_tests::bench_summary(
+            "cluster",
+            &format!("replicas_{replicas}.delivered_per_sec"),
+            end_to_end,
+        );
         println!(
             "{replicas} replica(s): {accept:.0} events/s accepted, {end_to_end:.0} events/s delivered end to end ({events} events of ~1 KiB, 32 concurrent producers, one machine)"
         );
