@@ -138,12 +138,17 @@ profile() {
 }
 
 # The baseline, once before and once after: its mean is what every ratio is against.
-port=$(free_port)
-"$ROOT/target/bench-baseline/release/baseline-ingest" "127.0.0.1:$port" 2>/dev/null &
-bpid=$!
-wait_port "$port"
-read -r base1 base_p99 _ <<<"$(wrk_run "http://127.0.0.1:$port/buses/default/events" tests/bench/post.lua)"
-kill $bpid; wait $bpid 2>/dev/null || true
+# baseline → "req/s p99_ms non2xx"
+baseline() {
+  local port bpid
+  port=$(free_port)
+  "$ROOT/target/bench-baseline/release/baseline-ingest" "127.0.0.1:$port" >/dev/null 2>&1 &
+  bpid=$!
+  wait_port "$port"
+  wrk_run "http://127.0.0.1:$port/buses/default/events" tests/bench/post.lua
+  kill $bpid; wait $bpid 2>/dev/null || true
+}
+read -r base1 base_p99 _ <<<"$(baseline)"
 
 start os "$WORK/plain.toml" os
 measure os-binary /buses/default/events tests/bench/post.lua 1
@@ -209,13 +214,7 @@ for variant in plain otlp plain otlp; do
 done
 kill $otlp_pid; wait $otlp_pid 2>/dev/null || true
 
-# The baseline again.
-port=$(free_port)
-"$ROOT/target/bench-baseline/release/baseline-ingest" "127.0.0.1:$port" 2>/dev/null &
-bpid=$!
-wait_port "$port"
-read -r base2 _ _ <<<"$(wrk_run "http://127.0.0.1:$port/buses/default/events" tests/bench/post.lua)"
-kill $bpid; wait $bpid 2>/dev/null || true
+read -r base2 _ _ <<<"$(baseline)"
 base=$(awk -v a="$base1" -v b="$base2" 'BEGIN { printf "%.0f", (a + b) / 2 }')
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
