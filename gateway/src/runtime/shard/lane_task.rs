@@ -315,7 +315,12 @@ impl LaneTask {
     /// Records the end of a delivery of [first, end).
     pub(super) fn finish(&self, first: Seq, end: Seq, epoch: u64, done: bool) {
         let mut st = lock(&self.lane.state);
-        if st.in_flight.map(|(f, _)| f) == Some(first) {
+        // A batch that did not go through because the process is stopping stays in flight:
+        // the lane's position, committed on the way out, is then its first event, and the
+        // next owner sends it. (Cleared, the position would be the event after it, and the
+        // batch would be lost.)
+        let unsent_at_stop = !done && st.epoch == epoch && self.shared.stopping();
+        if st.in_flight.map(|(f, _)| f) == Some(first) && !unsent_at_stop {
             st.in_flight = None;
             st.in_flight_accepted = 0;
         }
