@@ -194,6 +194,9 @@ pub struct Metrics {
     pub dedup_file: Gauge,
     pub dedup_compactions: Counter,
     pub dedup_evicted: Counter,
+    /// Appends refused because fewer Redis replicas than `cluster.min_replicas` confirmed
+    /// them in time (`cluster.redis_durability = "replicated"`).
+    pub replication_shortfall: Counter,
 }
 
 static METRICS: OnceLock<Metrics> = OnceLock::new();
@@ -396,6 +399,12 @@ impl Metrics {
             "Deduplication records dropped before their window ended to stay under limits.max_dedup_bytes (a late duplicate of one is stored again)",
             dedup_evicted.clone(),
         );
+        let replication_shortfall = Counter::default();
+        r.register(
+            "redis_replication_shortfall",
+            "Appends refused with 503 because fewer Redis replicas than cluster.min_replicas confirmed them within cluster.replication_timeout",
+            replication_shortfall.clone(),
+        );
         Metrics {
             registry: root,
             ingress_requests,
@@ -427,6 +436,7 @@ impl Metrics {
             dedup_file,
             dedup_compactions,
             dedup_evicted,
+            replication_shortfall,
         }
     }
 

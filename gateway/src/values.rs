@@ -181,6 +181,7 @@ pub const ENV_KEYS: &[&str] = &[
     "mode",
     "durability",
     "redis_url",
+    "redis_cluster_nodes",
     "redis_prefix",
     "worker_id",
     "admin_listen",

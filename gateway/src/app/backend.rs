@@ -11,6 +11,7 @@ use async_trait::async_trait;
 
 use crate::admission::Inventory;
 use crate::catalog::{Catalog, FileCatalog, RedisCatalog};
+use crate::config::RedisDurability;
 use crate::config::{Channels, Config, Mode};
 use crate::ingress::ratelimit::{Limiter, LocalLimiter, RedisLimiter};
 use crate::replay::{LocalReplays, RedisReplays, ReplayStore};
@@ -20,6 +21,7 @@ use crate::store::embedded::MemoryDedup;
 use crate::store::embedded::{DataDir, EmbeddedLog, LogOptions};
 use crate::store::redis::RedisDedup;
 use crate::store::redis::{ClusterOptions, Redis, RedisCluster, RedisLog, RedisPositions};
+use crate::store::redis::{Layout, Replication, Target};
 use crate::store::{BusLog, PositionStore, StoreError};
 
 use super::StartError;
@@ -66,13 +68,25 @@ impl Backend {
                 }),
             }),
             Mode::Distributed => {
-                let url = config.redis_url.clone().ok_or_else(|| {
-                    StartError::Config("distributed mode needs redis_url".to_string())
-                })?;
-                let redis =
-                    Redis::connect(&url, &config.redis_prefix, config.cluster.redis_timeout)
-                        .await?
+                let target = match (&config.redis_url, &config.redis_cluster_nodes) {
+                    (_, Some(nodes)) => Target::Cluster(nodes.clone()),
+                    (Some(url), None) => Target::Single(url.clone()),
+                    (None, None) => {
+                        return Err(StartError::Config(
+                            "distributed mode needs redis_url or redis_cluster_nodes".to_string(),
+                        ))
+                    }
+                };
+                let mut redis =
+                    Redis::open(&target, &config.redis_prefix, config.cluster.redis_timeout)?
                         .with_dedup_bytes(config.limits.max_dedup_bytes);
+                if config.cluster.redis_durability == RedisDurability::Replicated {
+                    redis = redis.with_replication(Replication {
+                        min_replicas: config.cluster.min_replicas,
+                        timeout: config.cluster.replication_timeout,
+                    })?;
+                }
+                prepare_layout(&redis, config.cluster.member_ttl).await?;
                 let membership = RedisCluster::join(
                     redis.clone(),
                     id,
@@ -222,6 +236,37 @@ impl BusLogs for RedisLogs {
                  its events are placed by the first count"
             )),
             _ => Ok(Arc::new(RedisLog::new(self.redis.clone(), name, shards))),
+        }
+    }
+}
+
+/// Puts the store on the current key layout before this process uses it (see
+/// `store::redis::layout`). Waits while Redis cannot be reached, saying so; refuses to start
+/// while workers of an older version run against the store.
+async fn prepare_layout(redis: &Redis, member_ttl: std::time::Duration) -> Result<(), StartError> {
+    let mut wait = std::time::Duration::from_millis(200);
+    loop {
+        match crate::store::redis::prepare_layout(redis, member_ttl).await {
+            Ok(Layout::Current) => return Ok(()),
+            Ok(Layout::Migrated(0)) => {
+                tracing::debug!(target = %redis.target().describe(), "a new store: marked as on the hash-tagged key layout");
+                return Ok(());
+            }
+            Ok(Layout::Migrated(keys)) => {
+                tracing::info!(keys, target = %redis.target().describe(), "moved the store to the hash-tagged key layout");
+                return Ok(());
+            }
+            Ok(Layout::OlderWorkersRunning(workers)) => {
+                return Err(StartError::Config(format!(
+                    "the Redis store (prefix `{}`) is on the key layout of an older Sluice and {workers} worker(s) of it are still running; stop them before starting this version, which moves the keys once on start (nothing is lost: see docs/scaling.md, \"Upgrading a running deployment\")",
+                    redis.prefix()
+                )))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, target = %redis.target().describe(), "waiting for Redis to check the key layout");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(5));
+            }
         }
     }
 }

@@ -66,6 +66,10 @@ pub struct Config {
     /// Redis of the cluster (distributed mode), e.g. `redis://127.0.0.1:6379/0`.
     #[serde(default)]
     pub redis_url: Option<String>,
+    /// A Redis Cluster instead of one server (distributed mode): its seed nodes,
+    /// `redis://host:port` (or `rediss://` for TLS). Names some nodes; the rest are found.
+    #[serde(default)]
+    pub redis_cluster_nodes: Option<Vec<String>>,
     /// Prefix of every Redis key, so several clusters can share one Redis.
     #[serde(default = "defaults::redis_prefix")]
     pub redis_prefix: String,
@@ -282,6 +286,26 @@ pub struct ClusterConfig {
     /// events are seen as soon as they are appended whatever this is.
     #[serde(deserialize_with = "duration")]
     pub poll_interval: Duration,
+    /// When an append to a bus log in Redis is acknowledged (`202`): `primary` once the
+    /// Redis primary holds it, `replicated` once `min_replicas` replicas do too (`WAIT`).
+    pub redis_durability: RedisDurability,
+    /// `redis_durability = "replicated"`: the replicas that must confirm an append.
+    pub min_replicas: u32,
+    /// `redis_durability = "replicated"`: how long an append waits for them before it is
+    /// refused with `503` (nothing acknowledged).
+    #[serde(deserialize_with = "duration")]
+    pub replication_timeout: Duration,
+}
+
+/// `cluster.redis_durability`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisDurability {
+    /// Acknowledged once the primary holds the append (Redis replicates asynchronously).
+    #[default]
+    Primary,
+    /// Acknowledged once `min_replicas` replicas confirmed it too.
+    Replicated,
 }
 
 impl Default for ClusterConfig {
@@ -294,6 +318,9 @@ impl Default for ClusterConfig {
             strategy: crate::runtime::rebalance::Strategy::default(),
             redis_timeout: Duration::from_secs(2),
             poll_interval: Duration::from_secs(1),
+            redis_durability: RedisDurability::Primary,
+            min_replicas: 1,
+            replication_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -439,6 +466,16 @@ impl Config {
                 "mode" => self.mode = value.parse().map_err(bad)?,
                 "durability" => self.durability = value.parse().map_err(bad)?,
                 "redis_url" => self.redis_url = Some(value),
+                "redis_cluster_nodes" => {
+                    self.redis_cluster_nodes = Some(
+                        value
+                            .split(',')
+                            .map(str::trim)
+                            .filter(|n| !n.is_empty())
+                            .map(str::to_string)
+                            .collect(),
+                    )
+                }
                 "redis_prefix" => self.redis_prefix = value,
                 "worker_id" => self.worker_id = Some(value),
                 "admin_listen" => {
@@ -471,14 +508,7 @@ impl Config {
                 line: find_line(text, "otlp_"),
                 message,
             })?;
-        if self.mode == Mode::Distributed && self.redis_url.is_none() {
-            return Err(ConfigError::Invalid {
-                path: path.to_path_buf(),
-                line: find_line(text, "mode"),
-                message: "mode = \"distributed\" needs `redis_url` (or SLUICE_REDIS_URL)"
-                    .to_string(),
-            });
-        }
+        self.check_redis(path, text)?;
         if let Some(id) = &self.worker_id {
             check_name(id).map_err(|m| ConfigError::Invalid {
                 path: path.to_path_buf(),
@@ -487,13 +517,6 @@ impl Config {
             })?;
         }
         self.check_durations(path, text)?;
-        if let Some(url) = &self.redis_url {
-            redis::Client::open(url.as_str()).map_err(|e| ConfigError::Invalid {
-                path: path.to_path_buf(),
-                line: find_line(text, "redis_url"),
-                message: format!("redis_url `{}`: {e}", redact_url(url)),
-            })?;
-        }
         let c = &self.cluster;
         if c.member_ttl <= c.heartbeat_interval || c.lease_ttl <= c.heartbeat_interval {
             return Err(ConfigError::Invalid {
@@ -636,6 +659,73 @@ impl Config {
 
     /// Durations the runtime turns into timers and intervals: zero would panic
     /// (`tokio::time::interval`) or spin, so each must be positive.
+    /// Where distributed mode keeps its state: one of `redis_url` and `redis_cluster_nodes`,
+    /// each address valid, and a key prefix that cannot break hash tags or key patterns.
+    fn check_redis(&self, path: &Path, text: &str) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            line: find_line(text, key),
+            message,
+        };
+        let nodes = self.redis_cluster_nodes.as_deref();
+        if self.redis_url.is_some() && nodes.is_some() {
+            return Err(invalid(
+                "redis_cluster_nodes",
+                "set `redis_url` (one Redis) or `redis_cluster_nodes` (a Redis Cluster), not both"
+                    .to_string(),
+            ));
+        }
+        if self.mode == Mode::Distributed && self.redis_url.is_none() && nodes.is_none() {
+            return Err(invalid(
+                "mode",
+                "mode = \"distributed\" needs `redis_url` (or SLUICE_REDIS_URL), or `redis_cluster_nodes` (or SLUICE_REDIS_CLUSTER_NODES) for a Redis Cluster".to_string(),
+            ));
+        }
+        if let Some(url) = &self.redis_url {
+            redis::Client::open(url.as_str()).map_err(|e| {
+                invalid("redis_url", format!("redis_url `{}`: {e}", redact_url(url)))
+            })?;
+        }
+        if let Some(nodes) = nodes {
+            if nodes.is_empty() {
+                return Err(invalid(
+                    "redis_cluster_nodes",
+                    "redis_cluster_nodes must name at least one node".to_string(),
+                ));
+            }
+            for node in nodes {
+                redis::Client::open(node.as_str()).map_err(|e| {
+                    invalid(
+                        "redis_cluster_nodes",
+                        format!("redis_cluster_nodes: `{}`: {e}", redact_url(node)),
+                    )
+                })?;
+            }
+        }
+        let prefix = &self.redis_prefix;
+        if prefix.is_empty()
+            || !prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/'))
+        {
+            return Err(invalid(
+                "redis_prefix",
+                format!("redis_prefix `{prefix}` may only contain ASCII letters, digits, `-`, `_`, `.`, `:` and `/` (it starts every key; braces would change hash slots)"),
+            ));
+        }
+        let c = &self.cluster;
+        if c.redis_durability == RedisDurability::Replicated
+            && (c.min_replicas == 0 || c.replication_timeout.is_zero())
+        {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                line: key_line(text, "cluster", "min_replicas"),
+                message: "cluster.redis_durability = \"replicated\" needs min_replicas >= 1 and a replication_timeout above zero".to_string(),
+            });
+        }
+        Ok(())
+    }
+
     fn check_durations(&self, path: &Path, text: &str) -> Result<(), ConfigError> {
         let (c, d, l) = (&self.cluster, &self.delivery, &self.limits);
         for (table, key, value) in [
@@ -913,6 +1003,57 @@ tasks = 2
         let err = parse("mode = \"distributed\"\n").unwrap_err().to_string();
         assert!(err.contains("redis_url"), "{err}");
         assert!(parse("mode = \"distributed\"\nredis_url = \"redis://127.0.0.1/\"\n[cluster]\nstrategy = \"consistent-hash\"\n").is_ok());
+    }
+
+    /// A Redis Cluster by its seed nodes, from the file or the environment; exclusive with
+    /// `redis_url`; every node a valid URL; replicated durability needs a replica.
+    #[test]
+    fn a_redis_cluster_is_named_by_its_nodes() {
+        let text = "mode = \"distributed\"\nredis_cluster_nodes = [\"redis://127.0.0.1:7000\", \"rediss://127.0.0.1:7001\"]\n[cluster]\nredis_durability = \"replicated\"\nmin_replicas = 2\nreplication_timeout = \"250ms\"\n";
+        let c = parse(text).unwrap();
+        assert_eq!(c.redis_cluster_nodes.as_ref().map(Vec::len), Some(2));
+        assert_eq!(c.cluster.redis_durability, RedisDurability::Replicated);
+        assert_eq!(c.cluster.min_replicas, 2);
+        assert_eq!(c.cluster.replication_timeout, Duration::from_millis(250));
+        let both = "redis_url = \"redis://127.0.0.1/\"\nredis_cluster_nodes = [\"redis://127.0.0.1:7000\"]\n";
+        let err = parse(both).unwrap_err().to_string();
+        assert!(
+            err.contains("t.toml:2") && err.contains("not both"),
+            "{err}"
+        );
+        let err = parse("redis_cluster_nodes = []\n").unwrap_err().to_string();
+        assert!(err.contains("at least one node"), "{err}");
+        let err = parse("redis_cluster_nodes = [\"redis://:secret@host:70000000\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("redis_cluster_nodes") && !err.contains("secret"),
+            "{err}"
+        );
+        let err = parse("[cluster]\nredis_durability = \"replicated\"\nmin_replicas = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("min_replicas"), "{err}");
+        let err = parse("[cluster]\nredis_durability = \"eventually\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("redis_durability"), "{err}");
+        let err = parse("redis_prefix = \"a{b}\"\n").unwrap_err().to_string();
+        assert!(err.contains("redis_prefix"), "{err}");
+
+        let mut c = parse("").unwrap();
+        c.apply_env([(
+            "SLUICE_REDIS_CLUSTER_NODES".to_string(),
+            "redis://127.0.0.1:7000, redis://127.0.0.1:7001".to_string(),
+        )])
+        .unwrap();
+        assert_eq!(
+            c.redis_cluster_nodes,
+            Some(vec![
+                "redis://127.0.0.1:7000".to_string(),
+                "redis://127.0.0.1:7001".to_string()
+            ])
+        );
     }
 
     #[test]

@@ -124,7 +124,6 @@ impl RedisCluster {
         let digest = format!("{:016x}", crate::values::stable_hash(text.as_bytes()));
         let answer = Script::new(STORE)
             .key(self.redis().key(&["config"]))
-            .key(self.channel())
             .arg(expected.version)
             .arg(id_text(expected.id))
             .arg(next.version)
@@ -132,6 +131,7 @@ impl RedisCluster {
             .arg(digest)
             .arg(text)
             .arg(versions)
+            .arg(self.channel())
             .invoke_async::<Vec<String>>(&mut self.redis().conn())
             .await
             .map_err(|e| redis_error("store config", &e))?;

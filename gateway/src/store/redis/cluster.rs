@@ -1,5 +1,5 @@
 //! The cluster service in Redis: membership (`{p}:members`, heartbeats), leases with
-//! fencing epochs (`{p}:lease:{task}`, `{p}:epoch:{task}`), control (`{p}:paused`,
+//! fencing epochs (`{p}:{task}:lease`, `{p}:{task}:epoch`: see `Redis::task_key`), control (`{p}:paused`,
 //! `{p}:restarts`), statuses (`{p}:status`) and notices (`{p}:notices`, pub/sub).
 
 use std::collections::{HashMap, HashSet};
@@ -122,9 +122,9 @@ async fn heartbeat_loop(cluster: Arc<RedisCluster>) {
             .scripts
             .heartbeat
             .key(cluster.redis.key(&["members"]))
-            .key(cluster.channel())
             .arg(&cluster.id)
             .arg(cluster.options.member_ttl.as_millis() as u64)
+            .arg(cluster.channel())
             .invoke_async::<Vec<String>>(&mut cluster.redis.conn())
             .await;
         match result {
@@ -152,9 +152,14 @@ async fn heartbeat_loop(cluster: Arc<RedisCluster>) {
 async fn notice_loop(cluster: Arc<RedisCluster>) {
     let mut stop = cluster.stop.subscribe();
     let mut backoff = Duration::from_millis(100);
+    // Which address to subscribe at: the next one after a failure (on a cluster, a
+    // notice published at any node reaches every node's subscribers).
+    let mut attempt = 0usize;
     loop {
+        let client = cluster.redis.client(attempt);
+        attempt += 1;
         let subscribed = async {
-            let mut pubsub = cluster.redis.client().get_async_pubsub().await?;
+            let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(cluster.channel()).await?;
             Ok::<_, redis::RedisError>(pubsub)
         };
@@ -216,8 +221,8 @@ impl Cluster for RedisCluster {
         let epoch = self
             .scripts
             .acquire
-            .key(self.redis.key(&["lease", task]))
-            .key(self.redis.key(&["epoch", task]))
+            .key(self.redis.task_key(task, "lease"))
+            .key(self.redis.task_key(task, "epoch"))
             .arg(&self.id)
             .arg(self.options.lease_ttl.as_millis() as u64)
             .invoke_async::<i64>(&mut self.redis.conn())
@@ -232,7 +237,7 @@ impl Cluster for RedisCluster {
     async fn renew(&self, lease: &Lease) -> Result<bool, StoreError> {
         self.scripts
             .renew
-            .key(self.redis.key(&["lease", &lease.task]))
+            .key(self.redis.task_key(&lease.task, "lease"))
             .arg(self.lease_value(lease))
             .arg(self.options.lease_ttl.as_millis() as u64)
             .invoke_async::<i64>(&mut self.redis.conn())
@@ -241,28 +246,53 @@ impl Cluster for RedisCluster {
             .map_err(|e| redis_error("renew lease", &e))
     }
 
+    /// One script for all leases on one server; on a cluster one per hash slot, sent side
+    /// by side (a script's keys must share a slot).
     async fn renew_all(&self, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
-        let mut invocation = self.scripts.renew_all.prepare_invoke();
-        invocation.arg(self.options.lease_ttl.as_millis() as u64);
-        for lease in leases {
-            invocation
-                .key(self.redis.key(&["lease", &lease.task]))
-                .arg(self.lease_value(lease));
+        let keys: Vec<String> = leases
+            .iter()
+            .map(|l| self.redis.task_key(&l.task, "lease"))
+            .collect();
+        let mut groups: HashMap<u16, Vec<usize>> = HashMap::new();
+        for (i, key) in keys.iter().enumerate() {
+            let slot = if self.redis.is_cluster() {
+                crate::store::redis::client::slot_of(key)
+            } else {
+                0
+            };
+            groups.entry(slot).or_default().push(i);
         }
-        let held: Vec<i64> = invocation
-            .invoke_async(&mut self.redis.conn())
-            .await
-            .map_err(|e| redis_error("renew leases", &e))?;
-        Ok(held.into_iter().map(|h| h == 1).collect())
+        let calls = groups.into_values().map(|members| {
+            let mut invocation = self.scripts.renew_all.prepare_invoke();
+            invocation.arg(self.options.lease_ttl.as_millis() as u64);
+            for &i in &members {
+                invocation.key(&keys[i]).arg(self.lease_value(&leases[i]));
+            }
+            let mut conn = self.redis.conn();
+            async move {
+                let held: Vec<i64> = invocation
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(|e| redis_error("renew leases", &e))?;
+                Ok::<_, StoreError>(members.into_iter().zip(held).collect::<Vec<_>>())
+            }
+        });
+        let mut out = vec![false; leases.len()];
+        for group in futures_util::future::join_all(calls).await {
+            for (i, held) in group? {
+                out[i] = held == 1;
+            }
+        }
+        Ok(out)
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         self.scripts
             .release
-            .key(self.redis.key(&["lease", &lease.task]))
+            .key(self.redis.task_key(&lease.task, "lease"))
             .arg(self.lease_value(lease))
             .invoke_async::<i64>(&mut self.redis.conn())
             .await
@@ -368,16 +398,18 @@ impl Cluster for RedisCluster {
             .collect())
     }
 
+    /// Three calls per chunk, not one pipeline: the three keys have slots of their own on a
+    /// cluster.
     async fn forget(&self, ids: &[String]) -> Result<(), StoreError> {
+        let mut conn = self.redis.conn();
         for chunk in ids.chunks(1000) {
-            let mut pipe = redis::pipe();
-            pipe.hdel(self.redis.key(&["status"]), chunk)
-                .ignore()
-                .srem(self.redis.key(&["paused"]), chunk)
-                .ignore()
-                .hdel(self.redis.key(&["restarts"]), chunk)
-                .ignore();
-            pipe.query_async::<()>(&mut self.redis.conn())
+            conn.hdel::<_, _, i64>(self.redis.key(&["status"]), chunk)
+                .await
+                .map_err(|e| redis_error("forget statuses", &e))?;
+            conn.srem::<_, _, i64>(self.redis.key(&["paused"]), chunk)
+                .await
+                .map_err(|e| redis_error("forget statuses", &e))?;
+            conn.hdel::<_, _, i64>(self.redis.key(&["restarts"]), chunk)
                 .await
                 .map_err(|e| redis_error("forget statuses", &e))?;
         }

@@ -10,24 +10,28 @@ use crate::store::dedup::{token, Dedup, Reserve, RESERVATION};
 use crate::store::redis::client::Redis;
 use crate::store::StoreError;
 
-/// Redis memory one dedup record takes, its index entry included, for this handle's key
-/// names (`{prefix}:dedup:` and 32 hex characters). Measured on redis-server 7.0.15
+/// Redis memory one dedup record takes, its index entry included, for a key name of
+/// `name` bytes (such as `{prefix}:{webhooks}:dedup:` and 32 hex characters). Measured on redis-server 7.0.15
 /// (jemalloc), 20,000 records, `used_memory` before and after: for names of 45 and 99
 /// bytes, the key with its `done` value and its expiry took 186 and 234 bytes, its
 /// sorted-set member 169 and 217 (`MEMORY USAGE` says 120 for one key of 57 bytes, which
 /// leaves out its expiry entry and its share of the tables, and 161 per member of the
 /// index): about 265 bytes and 1.8 times the name. Counted as 275 and twice the name, so
 /// that the bound holds.
-pub(crate) fn redis_record_bytes(redis: &Redis) -> usize {
-    let name = redis.key(&["dedup", ""]).len() + 32;
+pub(crate) fn redis_record_bytes(name: usize) -> usize {
     275 + 2 * name
 }
 
+/// The length of a dedup key named with `prefix` (the key is 32 hex characters).
+pub(crate) fn dedup_name_len(prefix: &str) -> usize {
+    prefix.len() + 32
+}
+
 /// The records one index may hold: the handle's `max_dedup_bytes` split between the
-/// `indexes` that share it (a bus's shards), at least one.
-pub(crate) fn redis_index_cap(redis: &Redis, indexes: u32) -> u64 {
+/// `indexes` that share it (a bus's shards), at least one, for names of `name` bytes.
+pub(crate) fn redis_index_cap(redis: &Redis, indexes: u32, name: usize) -> u64 {
     let per_index = redis.dedup_bytes() / indexes.max(1) as usize;
-    (per_index / redis_record_bytes(redis)).max(1) as u64
+    (per_index / redis_record_bytes(name)).max(1) as u64
 }
 
 /// Lua prepended to the scripts that record dedup keys in Redis, so that the bound is
@@ -43,11 +47,14 @@ pub(crate) fn redis_index_cap(redis: &Redis, indexes: u32) -> u64 {
 /// indexes existed are in none: they expire with their window as before.
 pub(crate) const REDIS_BOUND: &str = include_str!("lua/dedup_bound.lua");
 
-/// Distributed: keys `{prefix}:dedup:{key}` in the cluster's Redis, each expiring with its
-/// window (the key is [`crate::store::dedup::key`]'s fixed-size hash), and confirmed keys
-/// held to `limits.max_dedup_bytes` by the index `{prefix}:dedup-index:webhooks` (this
-/// path serves logs that cannot deduplicate in their append; the Redis log does, with an
-/// index per shard).
+/// Distributed: keys `{prefix}:{webhooks}:dedup:{key}` in the cluster's Redis, each
+/// expiring with its window (the key is [`crate::store::dedup::key`]'s fixed-size hash),
+/// and confirmed keys held to `limits.max_dedup_bytes` by the index
+/// `{prefix}:{webhooks}:dedup-index` (this path serves webhook delivery ids; the Redis log
+/// deduplicates events in its append, with records and an index per shard). Keys and
+/// index share one hash slot, so that confirming a key and bounding the index is one
+/// step: on a cluster this path runs on one node, a small load next to the logs'.
+pub(crate) const WEBHOOKS_TAG: &str = "webhooks";
 pub struct RedisDedup {
     redis: Redis,
     index: String,
@@ -58,13 +65,20 @@ pub struct RedisDedup {
 
 impl RedisDedup {
     pub fn new(redis: Redis) -> RedisDedup {
+        let name = dedup_name_len(&redis.tagged(WEBHOOKS_TAG, &["dedup", ""]));
         RedisDedup {
-            index: redis.key(&["dedup-index", "webhooks"]),
-            cap: redis_index_cap(&redis, 1),
-            record_bytes: i64::try_from(redis_record_bytes(&redis)).unwrap_or(i64::MAX),
+            index: redis.tagged(WEBHOOKS_TAG, &["dedup-index"]),
+            cap: redis_index_cap(&redis, 1, name),
+            record_bytes: i64::try_from(redis_record_bytes(name)).unwrap_or(i64::MAX),
             confirm: redis::Script::new(&format!("{REDIS_BOUND}{CONFIRM}")),
             redis,
         }
+    }
+}
+
+impl RedisDedup {
+    fn key(&self, key: &str) -> String {
+        self.redis.tagged(WEBHOOKS_TAG, &["dedup", key])
     }
 }
 
@@ -90,7 +104,7 @@ impl Dedup for RedisDedup {
     async fn reserve(&self, key: &str) -> Result<Reserve, StoreError> {
         let t = format!("pending:{}", token());
         let found: i64 = redis::Script::new(RESERVE)
-            .key(self.redis.key(&["dedup", key]))
+            .key(self.key(key))
             .arg(&t)
             .arg(millis(RESERVATION))
             .invoke_async(&mut self.redis.connection())
@@ -106,7 +120,7 @@ impl Dedup for RedisDedup {
     async fn confirm(&self, key: &str, token: &str, window: Duration) -> Result<(), StoreError> {
         let (size, evicted) = self
             .confirm
-            .key(self.redis.key(&["dedup", key]))
+            .key(self.key(key))
             .key(&self.index)
             .arg(token)
             .arg(millis(window))
@@ -129,7 +143,7 @@ impl Dedup for RedisDedup {
 
     async fn release(&self, key: &str, token: &str) -> Result<(), StoreError> {
         redis::Script::new(RELEASE)
-            .key(self.redis.key(&["dedup", key]))
+            .key(self.key(key))
             .arg(token)
             .invoke_async::<i64>(&mut self.redis.connection())
             .await
@@ -152,15 +166,20 @@ mod tests {
         let redis = Redis::connect("redis://127.0.0.1:1/", "sluice", Duration::from_secs(1))
             .await
             .unwrap();
-        // `sluice:dedup:` and 32 hex characters: 45 bytes.
-        assert_eq!(redis_record_bytes(&redis), 275 + 2 * 45);
-        assert_eq!(redis_index_cap(&redis, 1), (DEFAULT_MAX_BYTES / 365) as u64);
+        // `sluice:{webhooks}:dedup:` and 32 hex characters: 56 bytes.
+        let name = dedup_name_len(&redis.tagged(WEBHOOKS_TAG, &["dedup", ""]));
+        assert_eq!(name, 56);
+        assert_eq!(redis_record_bytes(name), 275 + 2 * 56);
         assert_eq!(
-            redis_index_cap(&redis, 8),
+            redis_index_cap(&redis, 1, 45),
+            (DEFAULT_MAX_BYTES / 365) as u64
+        );
+        assert_eq!(
+            redis_index_cap(&redis, 8, 45),
             (DEFAULT_MAX_BYTES / 8 / 365) as u64
         );
         let tiny = redis.with_dedup_bytes(100);
-        assert_eq!(redis_index_cap(&tiny, 4), 1);
-        assert_eq!(redis_index_cap(&tiny, 0), 1);
+        assert_eq!(redis_index_cap(&tiny, 4, 45), 1);
+        assert_eq!(redis_index_cap(&tiny, 0, 45), 1);
     }
 }

@@ -1,5 +1,6 @@
-//! Bus logs in Redis: a stream per shard (`{p}:bus:{bus}:{shard}`), its sequence counter,
-//! the shard count recorded per bus, and the per-shard dedup index of `append_unique`.
+//! Bus logs in Redis: a stream per shard (`{p}:{bus/{bus}#{shard}}:log`), its sequence
+//! counter, the shard count recorded per bus, and the per-shard dedup index and records of
+//! `append_unique`, all of a shard in the shard's hash slot.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +11,9 @@ use redis::{AsyncCommands as _, Script};
 use tokio::sync::watch;
 
 use crate::store::redis::client::{redis_error, Redis};
-use crate::store::redis::dedup::{redis_index_cap, redis_record_bytes, REDIS_BOUND};
+use crate::store::redis::dedup::{
+    dedup_name_len, redis_index_cap, redis_record_bytes, REDIS_BOUND,
+};
 use crate::store::{BusLog, Record, Seq, ShardAppend, ShardReader, StoreError, Unique};
 
 /// Reads a stream from an entry id (inclusive) for at most ARGV[2] entries, stopping once
@@ -55,6 +58,8 @@ pub struct RedisLog {
 
 impl RedisLog {
     pub fn new(redis: Redis, bus: &str, shards: u32) -> RedisLog {
+        // The longest name of the bus's dedup records (its last shard's).
+        let name = dedup_name_len(&redis.shard_key(bus, shards.saturating_sub(1), &["dedup", ""]));
         RedisLog {
             bus: bus.to_string(),
             shards,
@@ -62,28 +67,79 @@ impl RedisLog {
             append_unique: Script::new(&format!("{REDIS_BOUND}{APPEND_UNIQUE}")),
             read: Arc::new(Script::new(READ)),
             tails: (0..shards).map(|_| watch::Sender::new(0)).collect(),
-            dedup_cap: redis_index_cap(&redis, shards),
-            dedup_record_bytes: i64::try_from(redis_record_bytes(&redis)).unwrap_or(i64::MAX),
+            dedup_cap: redis_index_cap(&redis, shards, name),
+            dedup_record_bytes: i64::try_from(redis_record_bytes(name)).unwrap_or(i64::MAX),
             dedup_series: (0..shards).map(|_| std::sync::OnceLock::new()).collect(),
             redis,
         }
     }
 
-    /// `{p}:dedup-index:{bus}:{shard}`: one index per shard rather than per bus so that,
-    /// on Redis Cluster, it can take the shard's hash tag and live in the slot of the
-    /// stream it is written with (the dedup keys would take the same tag).
+    /// The shard's dedup index: one per shard rather than per bus, so that it takes the
+    /// shard's hash tag and lives in the slot of the stream it is written with, like the
+    /// dedup records themselves ([`RedisLog::dedup_key`]).
     fn dedup_index(&self, shard: u32) -> String {
-        self.redis
-            .key(&["dedup-index", &self.bus, &shard.to_string()])
+        self.redis.shard_key(&self.bus, shard, &["dedup-index"])
+    }
+
+    /// A dedup record of an event stored on `shard`. A duplicate is recognised on the
+    /// shard its partition key picks: the same `partitionkey` (or, without one, the same
+    /// id) as the first, which is what a retry sends.
+    fn dedup_key(&self, shard: u32, key: &str) -> String {
+        self.redis.shard_key(&self.bus, shard, &["dedup", key])
     }
 
     fn stream(&self, shard: u32) -> String {
-        self.redis.key(&["bus", &self.bus, &shard.to_string()])
+        self.redis.shard_key(&self.bus, shard, &["log"])
     }
 
     fn counter(&self, shard: u32) -> String {
-        self.redis
-            .key(&["bus", &self.bus, &shard.to_string(), "next"])
+        self.redis.shard_key(&self.bus, shard, &["next"])
+    }
+
+    /// Runs an append script. With `cluster.redis_durability = "replicated"` it runs on the
+    /// replication connection followed by `WAIT` in one pipeline (both go to the node of
+    /// the shard's slot), and fails unless enough replicas confirmed it in time: the
+    /// records are then in Redis but not acknowledged, and a retry of the producer may
+    /// store them again (at least once).
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        let Some((replication, mut conn)) = self.redis.replication() else {
+            return invocation
+                .invoke_async::<T>(&mut self.redis.conn())
+                .await
+                .map_err(|e| redis_error("append", &e));
+        };
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(invocation)
+            .cmd("WAIT")
+            .arg(replication.min_replicas)
+            .arg(
+                u64::try_from(replication.timeout.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
+            );
+        let mut answer = pipe.query_async::<(T, i64)>(&mut conn).await;
+        if matches!(&answer, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
+        {
+            invocation
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| redis_error("load the append script", &e))?;
+            answer = pipe.query_async::<(T, i64)>(&mut conn).await;
+        }
+        let (value, replicas) = answer.map_err(|e| redis_error("append", &e))?;
+        let replicas = u32::try_from(replicas).unwrap_or(0);
+        if replicas < replication.min_replicas {
+            crate::metrics::get().replication_shortfall.inc();
+            return Err(StoreError::Busy(format!(
+                "the event reached {replicas} of the {} Redis replicas `cluster.redis_durability = \"replicated\"` asks for within {} ms; it was not acknowledged, retry",
+                replication.min_replicas,
+                replication.timeout.as_millis()
+            )));
+        }
+        Ok(value)
     }
 
     /// Moves the known end of a shard forward to `end`.
@@ -124,8 +180,9 @@ impl RedisLog {
     }
 
     /// The shard count of an existing log of `bus`, if the store holds one: the recorded
-    /// count, else (a log from before counts were recorded) at least one past the highest
-    /// shard at or beyond `shards` that has a sequence counter, a stream or positions.
+    /// count, else (a log from before counts were recorded, on one server: a cluster never
+    /// held one) at least one past the highest shard at or beyond `shards` that has a
+    /// sequence counter, a stream or positions.
     pub async fn stored_shards(
         redis: &Redis,
         bus: &str,
@@ -140,15 +197,14 @@ impl RedisLog {
             return Ok(recorded);
         }
         let beyond: Vec<u32> = (shards..MAX_SHARDS).collect();
-        if beyond.is_empty() {
+        if beyond.is_empty() || redis.is_cluster() {
             return Ok(None);
         }
         let mut pipe = redis::pipe();
         for shard in &beyond {
-            let shard = shard.to_string();
-            pipe.exists(redis.key(&["bus", bus, &shard, "next"]))
-                .exists(redis.key(&["bus", bus, &shard]))
-                .exists(redis.key(&["gpos", bus, &shard]));
+            for part in ["next", "log", "pos"] {
+                pipe.exists(redis.shard_key(bus, *shard, &[part]));
+            }
         }
         let found: Vec<bool> = pipe
             .query_async(&mut redis.conn())
@@ -203,10 +259,7 @@ impl BusLog for RedisLog {
                 invocation.arg(record.as_ref());
             }
             let started = std::time::Instant::now();
-            let result = invocation
-                .invoke_async::<Seq>(&mut self.redis.conn())
-                .await
-                .map_err(|e| redis_error("append", &e));
+            let result = self.invoke::<Seq>(&invocation).await;
             let metrics = crate::metrics::get();
             metrics.observe_redis("append", started.elapsed(), result.is_ok());
             match &result {
@@ -249,8 +302,7 @@ impl BusLog for RedisLog {
             .key(self.counter(shard))
             .key(self.dedup_index(shard));
         for (_, key) in records {
-            // The key the reserve/confirm path (`store::redis::dedup::RedisDedup`) uses.
-            invocation.key(self.redis.key(&["dedup", key]));
+            invocation.key(self.dedup_key(shard, key));
         }
         invocation
             .arg(crate::store::now_ms())
@@ -260,10 +312,7 @@ impl BusLog for RedisLog {
             invocation.arg(record.as_ref());
         }
         let started = std::time::Instant::now();
-        let result = invocation
-            .invoke_async::<Vec<i64>>(&mut self.redis.conn())
-            .await
-            .map_err(|e| redis_error("append", &e));
+        let result = self.invoke::<Vec<i64>>(&invocation).await;
         let metrics = crate::metrics::get();
         metrics.observe_redis("append", started.elapsed(), result.is_ok());
         let mut answers = match result {
@@ -381,7 +430,7 @@ struct RedisReader {
     stream: String,
     next: Seq,
     /// The reader's own connection for blocking reads, made on first use.
-    blocking: Option<redis::aio::MultiplexedConnection>,
+    blocking: Option<crate::store::redis::client::Conn>,
     script: Arc<Script>,
     /// Most bytes one read returns (the last record may go past it).
     max_bytes: usize,

@@ -1,6 +1,6 @@
-//! Positions in Redis: `{p}:gpos:{bus}:{shard}` (a bus shard's subscriptions, committed as
-//! differences) and `{p}:pos:{subscription}` (source connectors), every commit fenced by
-//! the task's lease.
+//! Positions in Redis: `{p}:{bus/{bus}#{shard}}:pos` (a bus shard's subscriptions, committed
+//! as differences) and `{p}:{source/{name}}:pos:{broker}` (source connectors), every commit
+//! fenced by the task's lease, which shares the positions' hash slot.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -64,7 +64,7 @@ impl RedisPositions {
     }
 
     fn group_hash(&self, bus: &str, shard: u32) -> String {
-        self.redis.key(&["gpos", bus, &shard.to_string()])
+        self.redis.shard_key(bus, shard, &["pos"])
     }
 
     /// Commits every bus shard whose positions moved; returns the fenced tasks.
@@ -108,7 +108,7 @@ impl RedisPositions {
             }
             let mut invocation = self.commit_group.prepare_invoke();
             invocation
-                .key(self.redis.key(&["lease", &task]))
+                .key(self.redis.task_key(&task, "lease"))
                 .key(self.group_hash(&bus, shard))
                 .arg(format!("{}|{epoch}", self.worker))
                 .arg(set.len());
@@ -202,7 +202,7 @@ impl RedisPositions {
     }
 
     fn hash(&self, subscription: &str) -> String {
-        self.redis.key(&["pos", subscription])
+        self.redis.source_key(subscription)
     }
 }
 
@@ -324,7 +324,7 @@ impl PositionStore for RedisPositions {
             };
             let result = self
                 .commit
-                .key(self.redis.key(&["lease", &task]))
+                .key(self.redis.task_key(&task, "lease"))
                 .key(self.hash(&sub))
                 .arg(format!("{}|{epoch}", self.worker))
                 .arg(shard)
