@@ -24,6 +24,10 @@ pub struct SluiceBuilder {
     env: Vec<(String, String)>,
     data_dir: Option<PathBuf>,
     file_roots: Vec<PathBuf>,
+    /// Seed nodes of a Redis Cluster, instead of `redis_url`.
+    cluster_nodes: Option<Vec<String>>,
+    /// More `[cluster]` settings (`redis_durability = "replicated"`, …).
+    cluster_extra: String,
 }
 
 impl SluiceBuilder {
@@ -44,6 +48,8 @@ impl SluiceBuilder {
             env: Vec::new(),
             data_dir: None,
             file_roots: Vec::new(),
+            cluster_nodes: None,
+            cluster_extra: String::new(),
         }
     }
 
@@ -62,6 +68,20 @@ impl SluiceBuilder {
     /// Distributed mode against the Redis at `url`, keys under `prefix`.
     pub fn distributed(mut self, url: &str, prefix: &str) -> Self {
         self.distributed = Some((url.to_string(), prefix.to_string()));
+        self
+    }
+
+    /// Distributed mode on a Redis Cluster (its seed nodes) under `prefix`.
+    pub fn on_cluster(mut self, nodes: &[String], prefix: &str) -> Self {
+        self.distributed = Some((String::new(), prefix.to_string()));
+        self.cluster_nodes = Some(nodes.to_vec());
+        self
+    }
+
+    /// More lines of the `[cluster]` table.
+    pub fn cluster_settings(mut self, lines: &str) -> Self {
+        self.cluster_extra.push_str(lines);
+        self.cluster_extra.push('\n');
         self
     }
 
@@ -167,11 +187,14 @@ impl SluiceBuilder {
             .data_dir
             .clone()
             .unwrap_or_else(|| dir.path().join("data"));
-        let mode = match &self.distributed {
-            Some((url, prefix)) => format!(
+        let mode = match (&self.distributed, &self.cluster_nodes) {
+            (Some((_, prefix)), Some(nodes)) => format!(
+                "mode = \"distributed\"\nredis_cluster_nodes = {nodes:?}\nredis_prefix = \"{prefix}\"\n"
+            ),
+            (Some((url, prefix)), None) => format!(
                 "mode = \"distributed\"\nredis_url = \"{url}\"\nredis_prefix = \"{prefix}\"\n"
             ),
-            None => String::new(),
+            (None, _) => String::new(),
         };
         let text = format!(
             r#"log = "{log}"
@@ -185,6 +208,7 @@ poll_interval = "1s"
 # not look like a dead replica.
 member_ttl = "{ttl}"
 lease_ttl = "{ttl}"
+{cluster_extra}
 
 [limits]
 {limits}
@@ -206,6 +230,7 @@ shards = {shards}
 {extra}
 "#,
             durability = self.durability,
+            cluster_extra = self.cluster_extra,
             strategy = self.strategy,
             limits = self.limits,
             ttl = self.ttl,

@@ -40,7 +40,7 @@ pub use http::{
     post_typed, send_batch, send_expecting, structured_event,
 };
 pub use process::Sluice;
-pub use redis::{redis_keys, shared_redis, wait_stream_len, RedisServer};
+pub use redis::{redis_keys, shared_redis, wait_stream_len, RedisCluster, RedisServer};
 
 /// The `sluice` binary built by cargo next to this test binary (or `SLUICE_BIN`).
 pub fn sluice_bin() -> PathBuf {

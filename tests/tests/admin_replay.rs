@@ -467,7 +467,7 @@ async fn retention_by_size_keeps_the_newest_bytes_of_passed_events() {
 
     let client = redis::Client::open(url.as_str()).unwrap();
     let conn = client.get_multiplexed_async_connection().await.unwrap();
-    let stream = format!("{prefix}:bus:sized:0");
+    let stream = sluice_tests::redis::shard_key(&prefix, "sized", 0, "log");
     // Released every 5 s: wait for a round to have passed everything.
     let (kept, bytes, largest) = eventually(
         Duration::from_secs(20),

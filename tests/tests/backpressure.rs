@@ -240,7 +240,7 @@ async fn a_stuck_subscription_skips_what_is_older_than_the_max_backlog_age() {
     }
 
     // The log is trimmed although one subscription is still paused.
-    let stream = format!("{prefix}:bus:aging:0");
+    let stream = sluice_tests::redis::shard_key(&prefix, "aging", 0, "log");
     sluice_tests::wait_stream_len(&url, &stream, 0, Duration::from_secs(20)).await;
 
     // New events reach everyone once the target is back and the subscription resumed,

@@ -119,13 +119,18 @@ async fn redis_dedup_keys_are_fixed_size_whatever_the_id() {
         .await
         .unwrap();
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:dedup:*"))
+        .arg(format!("{prefix}:*:dedup:*"))
         .query_async(&mut conn)
         .await
         .unwrap();
     assert_eq!(keys.len(), 5, "{keys:?}");
     for key in &keys {
-        assert!(key.len() <= prefix.len() + 48, "{key}");
+        // The shard's tag and 32 hex characters, whatever the id.
+        assert_eq!(
+            key.len(),
+            sluice_tests::redis::shard_key(&prefix, "once", 0, "dedup:").len() + 32,
+            "{key}"
+        );
     }
 }
 
@@ -185,9 +190,14 @@ async fn producers_with_different_keys_do_not_make_each_other_duplicates_in_redi
 }
 
 /// Redis memory docs/webhooks.md counts for one dedup record with its index entry: 275 bytes and
-/// twice the key name (`{prefix}:dedup:{32 hex}`).
+/// twice the key name (`{prefix}:{webhooks}:dedup:{32 hex}`; a bus shard's records are named
+/// `{prefix}:{bus/NAME#N}:dedup:{32 hex}`, counted by `shard_record_bytes`).
 fn redis_record_bytes(prefix: &str) -> usize {
-    275 + 2 * (prefix.len() + ":dedup:".len() + 32)
+    275 + 2 * (prefix.len() + ":{webhooks}:dedup:".len() + 32)
+}
+
+fn shard_record_bytes(prefix: &str, bus: &str, last_shard: u32) -> usize {
+    275 + 2 * (sluice_tests::redis::shard_key(prefix, bus, last_shard, "dedup:").len() + 32)
 }
 
 async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
@@ -226,7 +236,7 @@ async fn redis_dedup_keys_are_bounded_by_bytes_and_counted() {
         .distributed(&url, &prefix)
         .limits(&format!(
             "max_dedup_bytes = {}",
-            cap * redis_record_bytes(&prefix)
+            cap * shard_record_bytes(&prefix, "once", 0)
         ))
         .extra(&once_bus(""))
         .start()
@@ -240,12 +250,12 @@ async fn redis_dedup_keys_are_bounded_by_bytes_and_counted() {
         sluice_tests::post_batch(&client, &sluice.url("/buses/once/events"), events).await;
     }
     let mut conn = redis_conn(&url).await;
-    let keys = count_keys(&mut conn, &format!("{prefix}:dedup:*")).await;
+    let keys = count_keys(&mut conn, &format!("{prefix}:*:dedup:*")).await;
     assert!(
         (1..=cap).contains(&keys),
         "{keys} dedup keys for a bound of {cap}"
     );
-    let index = format!("{prefix}:dedup-index:once:0");
+    let index = sluice_tests::redis::shard_key(&prefix, "once", 0, "dedup-index");
     let members: usize = redis::cmd("ZCARD")
         .arg(&index)
         .query_async(&mut conn)
@@ -267,7 +277,7 @@ async fn redis_dedup_keys_are_bounded_by_bytes_and_counted() {
     let bytes = "sluice_dedup_memory_bytes{store=\"redis\",bus=\"once\",shard=\"0\"}";
     assert_eq!(
         metric(&metrics, bytes),
-        Some((keys * redis_record_bytes(&prefix)) as f64)
+        Some((keys * shard_record_bytes(&prefix, "once", 0)) as f64)
     );
 
     assert_eq!(
@@ -309,7 +319,7 @@ dedup_window = "1h"
         .distributed(&url, &prefix)
         .limits(&format!(
             "max_dedup_bytes = {}",
-            2 * cap * redis_record_bytes(&prefix)
+            2 * cap * shard_record_bytes(&prefix, "hooked", 1)
         ))
         .extra(&config)
         .start()
@@ -330,13 +340,18 @@ dedup_window = "1h"
     let mut conn = redis_conn(&url).await;
     for shard in 0..2 {
         let members: usize = redis::cmd("ZCARD")
-            .arg(format!("{prefix}:dedup-index:hooked:{shard}"))
+            .arg(sluice_tests::redis::shard_key(
+                &prefix,
+                "hooked",
+                shard,
+                "dedup-index",
+            ))
             .query_async(&mut conn)
             .await
             .unwrap();
         assert!(members <= cap, "shard {shard}: {members}");
     }
-    let keys = count_keys(&mut conn, &format!("{prefix}:dedup:*")).await;
+    let keys = count_keys(&mut conn, &format!("{prefix}:*:dedup:*")).await;
     assert!(keys <= 2 * cap, "{keys}");
     let metrics = sluice.metrics().await;
     assert!(metric(&metrics, "sluice_dedup_evicted_total").unwrap() >= (50 - 2 * cap) as f64);
@@ -377,11 +392,11 @@ async fn redis_reserve_confirm_keys_are_bounded() {
     }
     let mut conn = redis_conn(&url).await;
     assert_eq!(
-        count_keys(&mut conn, &format!("{prefix}:dedup:*")).await,
+        count_keys(&mut conn, &format!("{prefix}:*:dedup:*")).await,
         cap
     );
     let members: usize = redis::cmd("ZCARD")
-        .arg(format!("{prefix}:dedup-index:webhooks"))
+        .arg(format!("{prefix}:{{webhooks}}:dedup-index"))
         .query_async(&mut conn)
         .await
         .unwrap();

@@ -627,7 +627,7 @@ async fn streams_are_trimmed_once_every_subscription_passed() {
     wait_all_delivered(&[&sluice], &acked).await;
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let stream = format!("{prefix}:bus:default:0");
+    let stream = sluice_tests::redis::shard_key(&prefix, "default", 0, "log");
     // While `copy` is paused at the start, nothing may be released: watch for longer than
     // one round of releasing passed records (every 5 s).
     let watch_until = Instant::now() + Duration::from_secs(6);

@@ -155,14 +155,16 @@ fn embedded_positions(data_dir: &Path) -> ShardPositions {
     out
 }
 
-/// The same from Redis (`{prefix}:gpos:default:{shard}`).
+/// The same from Redis (each shard's `pos` hash).
 async fn redis_positions(url: &str, prefix: &str, shards: u32) -> ShardPositions {
     let client = redis::Client::open(url).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let mut out = ShardPositions::new();
     for shard in 0..shards {
         let fields: HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(format!("{prefix}:gpos:default:{shard}"))
+            .arg(sluice_tests::redis::shard_key(
+                prefix, "default", shard, "pos",
+            ))
             .query_async(&mut conn)
             .await
             .unwrap();

@@ -193,7 +193,7 @@ async fn wait_source_positions(
     }
     let client = redis::Client::open(url).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let key = format!("{prefix}:pos:source/mq-in@broker-a");
+    let key = format!("{prefix}:{{source/mq-in}}:pos:broker-a");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let stored: BTreeMap<i64, i64> = redis::cmd("HGETALL")

@@ -464,9 +464,11 @@ async fn distributed_replicas_store_a_concurrent_delivery_once() {
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let (next, len): (usize, usize) = redis::pipe()
         .cmd("GET")
-        .arg(format!("{prefix}:bus:default:0:next"))
+        .arg(sluice_tests::redis::shard_key(
+            &prefix, "default", 0, "next",
+        ))
         .cmd("XLEN")
-        .arg(format!("{prefix}:bus:default:0"))
+        .arg(sluice_tests::redis::shard_key(&prefix, "default", 0, "log"))
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -490,7 +492,7 @@ async fn distributed_replicas_store_a_concurrent_delivery_once() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:dedup:*"))
+        .arg(format!("{prefix}:*:dedup:*"))
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -518,7 +520,7 @@ async fn a_failed_append_records_no_delivery_id() {
     let redis = redis::Client::open(redis_url.as_str()).unwrap();
     let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
     // The shard's stream key holds a string: every append to it fails.
-    let stream = format!("{prefix}:bus:default:0");
+    let stream = sluice_tests::redis::shard_key(&prefix, "default", 0, "log");
     let _: () = redis::cmd("SET")
         .arg(&stream)
         .arg("not a stream")
@@ -530,9 +532,14 @@ async fn a_failed_append_records_no_delivery_id() {
     let (status, answer) = send(&client, &url, &body, ct, &h).await;
     assert_eq!(status, 503, "{answer}");
     // Keys are a fixed-size hash of (webhook, delivery id), never the raw id.
-    let key = format!(
-        "{prefix}:dedup:{}",
-        sluice::store::dedup::key(&["webhook", "github", "fail-1"])
+    let key = sluice_tests::redis::shard_key(
+        &prefix,
+        "default",
+        0,
+        &format!(
+            "dedup:{}",
+            sluice::store::dedup::key(&["webhook", "github", "fail-1"])
+        ),
     );
     let exists: i64 = redis::cmd("EXISTS")
         .arg(&key)
