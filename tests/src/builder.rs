@@ -86,13 +86,16 @@ impl SluiceBuilder {
     }
 
     /// Distributed mode on the shared Redis under a prefix of `test`'s own
-    /// ([`crate::shared_redis`]) when `distributed`, else standalone.
+    /// ([`crate::shared_redis`]) when `distributed`, else standalone. Inside
+    /// [`crate::redis::on_cluster`], distributed mode is on that Redis Cluster instead.
     pub fn mode(self, distributed: bool, test: &str) -> Self {
-        if distributed {
-            let (url, prefix) = crate::shared_redis(test);
-            self.distributed(&url, &prefix)
-        } else {
-            self
+        if !distributed {
+            return self;
+        }
+        let (url, prefix) = crate::shared_redis(test);
+        match crate::redis::CLUSTER_NODES.try_with(Clone::clone) {
+            Ok(nodes) => self.on_cluster(&nodes, &prefix),
+            Err(_) => self.distributed(&url, &prefix),
         }
     }
 

@@ -367,6 +367,20 @@ pub async fn wait_ids(sluice: &Sluice, file: &str, want: &[&str]) {
     .await;
 }
 
+/// Tests that run `in_both_modes!` scenarios in distributed mode on a Redis Cluster of
+/// their own (`module => scenario`): `on_a_redis_cluster!(replay_cluster => a_replay)`.
+#[macro_export]
+macro_rules! on_a_redis_cluster {
+    ($($module:ident => $scenario:ident),* $(,)?) => {$(
+        mod $module {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn on_a_redis_cluster() {
+                $crate::redis::on_cluster(super::$scenario).await;
+            }
+        }
+    )*};
+}
+
 /// Runs each async scenario `name(distributed: bool)` of a test file in both modes, as the
 /// tests `name::standalone` and `name::distributed`.
 #[macro_export]

@@ -180,6 +180,19 @@ pub fn cluster_options(heartbeat: Duration, ttl: Duration) -> sluice::store::red
     }
 }
 
+tokio::task_local! {
+    /// The seed nodes distributed gateways use inside [`on_cluster`].
+    pub static CLUSTER_NODES: Vec<String>;
+}
+
+/// Runs `scenario` (one written for `in_both_modes!`, given `true`) with its distributed
+/// gateways on a Redis Cluster of its own instead of the shared Redis.
+pub async fn on_cluster<F: std::future::Future<Output = ()>>(scenario: impl FnOnce(bool) -> F) {
+    let cluster = RedisCluster::start();
+    CLUSTER_NODES.scope(cluster.urls(), scenario(true)).await;
+    drop(cluster);
+}
+
 /// A Redis Cluster of the test's own on loopback: six `redis-server` processes with
 /// `cluster-enabled yes` (three primaries, three replicas), made one cluster by
 /// `redis-cli --cluster create … --cluster-replicas 1`. Killed on drop.

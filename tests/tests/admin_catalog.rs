@@ -43,6 +43,12 @@ in_both_modes!(
     a_bus_is_deleted_only_once_its_rules_are,
 );
 
+sluice_tests::on_a_redis_cluster!(
+    buses_kept_on_a_cluster => buses_are_created_read_replaced_and_keep_their_shard_count,
+    a_rule_made_through_the_api_on_a_cluster => a_rule_made_through_the_api_delivers_without_a_restart,
+    one_concurrent_writer_wins_on_a_cluster => a_stale_version_is_refused_and_one_concurrent_writer_wins,
+);
+
 async fn buses_are_created_read_replaced_and_keep_their_shard_count(distributed: bool) {
     let sluice = gateway(distributed, "admin-buses").await;
     let api = Api::recorded(&sluice);

@@ -72,6 +72,10 @@ in_both_modes!(
     recent_events_show_their_delivery_and_one_can_be_redelivered,
 );
 
+sluice_tests::on_a_redis_cluster!(
+    a_time_range_replayed_on_a_cluster => a_time_range_is_replayed_into_one_rule,
+);
+
 /// Replay of a time range into one rule while live traffic continues: exactly the events
 /// accepted in the range come again, marked `sluicereplay`, to that rule only; live events
 /// are delivered once, unmarked.

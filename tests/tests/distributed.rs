@@ -874,10 +874,22 @@ async fn replicas_run_the_catalog_not_their_files_and_resync_to_its_changes() {
 /// another replica), and every event answered 202 is delivered (the ledger).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_restart_under_load_loses_nothing_and_answers_only_202_or_503() {
+    rolling_restart(cluster("rolling")).await;
+}
+
+/// The same on a Redis Cluster (three primaries, three replicas).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_restart_on_a_redis_cluster_loses_nothing() {
+    let redis = sluice_tests::RedisCluster::start();
+    let (_, prefix) = shared_redis("rolling-cluster");
+    let nodes = redis.urls();
+    rolling_restart(move || Sluice::builder().on_cluster(&nodes, &prefix)).await;
+}
+
+async fn rolling_restart(member: impl Fn() -> SluiceBuilder) {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
 
-    let member = cluster("rolling");
     let start = || member().limits("shutdown_delay = \"1s\"").start();
     let mut replicas = [start().await, start().await, start().await];
     replicas[0].wait_members(3).await;

@@ -482,6 +482,19 @@ async fn one_connector_among_many_pauses_resumes_and_restarts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_kill_with_a_thousand_rules_loses_nothing() {
     let (url, prefix) = shared_redis("fanout-kill");
+    kill_with_a_thousand_rules(|| Sluice::builder().distributed(&url, &prefix)).await;
+}
+
+/// The same on a Redis Cluster (three primaries, three replicas).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_kill_with_a_thousand_rules_loses_nothing_on_a_redis_cluster() {
+    let redis = sluice_tests::RedisCluster::start();
+    let (_, prefix) = shared_redis("fanout-kill-cluster");
+    let nodes = redis.urls();
+    kill_with_a_thousand_rules(|| Sluice::builder().on_cluster(&nodes, &prefix)).await;
+}
+
+async fn kill_with_a_thousand_rules(member: impl Fn() -> sluice_tests::SluiceBuilder) {
     let rules: String = (0..1000)
         .map(|i| {
             format!(
@@ -489,13 +502,7 @@ async fn a_replica_kill_with_a_thousand_rules_loses_nothing() {
             )
         })
         .collect();
-    let start = || {
-        Sluice::builder()
-            .durability("os")
-            .distributed(&url, &prefix)
-            .extra(&rules)
-            .start()
-    };
+    let start = || member().durability("os").extra(&rules).start();
     let a = start().await;
     let mut b = start().await;
     a.wait_members(2).await;

@@ -1,9 +1,12 @@
 //! Distributed-mode benchmark (run by `make bench-cluster`; figures, not assertions):
 //! - takeover: SIGKILL a replica of three and time until all its tasks run elsewhere;
 //! - convergence: start a replica and time until the assignment has settled;
-//! - throughput: events/s accepted and delivered end to end with 1, 2 and 3 replicas.
+//! - throughput: events/s accepted and delivered end to end with 1, 2 and 3 replicas;
+//! - one Redis against a Redis Cluster of three primaries (and three replicas) on this
+//!   machine: delivered events/s, Redis commands and Redis CPU per accepted event, per node.
 //!
-//! Uses the machine's Redis (127.0.0.1:6379, or SLUICE_E2E_REDIS) with a fresh key prefix.
+//! Uses the machine's Redis (127.0.0.1:6379, or SLUICE_E2E_REDIS) with a fresh key prefix,
+//! and a cluster of its own (`sluice_tests::RedisCluster`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, HashSet};
@@ -11,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sluice_tests::{binary, ids, shared_redis, Sluice};
+use sluice_tests::{binary, ids, shared_redis, RedisCluster, Sluice, SluiceBuilder};
 
 const SHARDS: u32 = 8;
 
@@ -131,15 +134,20 @@ async fn takeover(rounds: usize) {
 
 async fn throughput(replicas: usize, events: usize) -> (f64, f64) {
     let (url, prefix) = shared_redis(&format!("bench-tput-{replicas}"));
+    throughput_on(replicas, events, || {
+        Sluice::builder().distributed(&url, &prefix)
+    })
+    .await
+}
+
+async fn throughput_on(
+    replicas: usize,
+    events: usize,
+    builder: impl Fn() -> SluiceBuilder,
+) -> (f64, f64) {
     let mut nodes = Vec::new();
     for _ in 0..replicas {
-        nodes.push(
-            Sluice::builder()
-                .distributed(&url, &prefix)
-                .shards(SHARDS)
-                .start()
-                .await,
-        );
+        nodes.push(builder().shards(SHARDS).start().await);
     }
     let live: HashSet<String> = nodes.iter().map(worker_of).collect();
     settled(&nodes[0], &live).await;
@@ -185,6 +193,90 @@ async fn throughput(replicas: usize, events: usize) -> (f64, f64) {
     (accepted as f64 / accept_secs, accepted as f64 / total_secs)
 }
 
+/// `total_commands_processed` and `used_cpu_sys + used_cpu_user` (s) of the Redis at `port`.
+fn redis_stats(port: u16) -> (u64, f64) {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "INFO", "all"])
+        .output()
+        .expect("redis-cli");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        field("total_commands_processed") as u64,
+        field("used_cpu_sys") + field("used_cpu_user"),
+    )
+}
+
+/// One Redis against a three-primary cluster: two gateway replicas, 8 shards, the same load.
+async fn store_compare(events: usize) {
+    let (url, prefix) = shared_redis("bench-store-one");
+    let port: u16 = url
+        .trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(6379);
+    let before = redis_stats(port);
+    let (_, one) = throughput_on(2, events, || Sluice::builder().distributed(&url, &prefix)).await;
+    let after = redis_stats(port);
+    let one_commands = (after.0 - before.0) as f64 / events as f64;
+    let one_cpu = (after.1 - before.1) * 1e6 / events as f64;
+    println!(
+        "one Redis: {one:.0} events/s delivered (2 replicas, {SHARDS} shards), {one_commands:.1} Redis commands and {one_cpu:.1} µs of Redis CPU per event"
+    );
+
+    let cluster = RedisCluster::start();
+    let (_, prefix) = shared_redis("bench-store-cluster");
+    let nodes = cluster.urls();
+    let view = cluster.view();
+    let before: Vec<(u16, bool, (u64, f64))> = view
+        .iter()
+        .map(|n| (n.port, n.primary, redis_stats(n.port)))
+        .collect();
+    let (_, clustered) =
+        throughput_on(2, events, || Sluice::builder().on_cluster(&nodes, &prefix)).await;
+    let mut primaries = (0.0, 0.0);
+    let mut replicas_cpu = 0.0;
+    let mut per_node = Vec::new();
+    for (port, primary, (commands, cpu)) in &before {
+        let (c, u) = redis_stats(*port);
+        let (dc, du) = ((c - commands) as f64, (u - cpu) * 1e6 / events as f64);
+        if *primary {
+            primaries.0 += dc;
+            primaries.1 += du;
+            per_node.push(format!(
+                "{port}: {:.1} commands, {du:.1} µs",
+                dc / events as f64
+            ));
+        } else {
+            replicas_cpu += du;
+        }
+    }
+    let commands = primaries.0 / events as f64;
+    println!(
+        "cluster (3 primaries, 3 replicas): {clustered:.0} events/s delivered, {commands:.1} Redis commands and {:.1} µs of primary CPU per event (+{replicas_cpu:.1} µs on replicas); per primary: {}",
+        primaries.1,
+        per_node.join("; ")
+    );
+    let busiest = primaries.1 / 3.0;
+    println!(
+        "projection: with N primaries and at least N shards per bus, each primary carries 1/N of the appends and reads, so Redis stops limiting at about N × {:.0} events/s (1 s of CPU per core over {busiest:.1} µs per event on one primary, assuming even shards and gateways that scale with them); one Redis stops at about {:.0} events/s",
+        1e6 / busiest.max(0.1),
+        1e6 / one_cpu.max(0.1)
+    );
+    sluice_tests::bench_summary("cluster", "one_redis.delivered_per_sec", one);
+    sluice_tests::bench_summary("cluster", "redis_cluster.delivered_per_sec", clustered);
+    sluice_tests::bench_summary("cluster", "one_redis.commands_per_event", one_commands);
+    sluice_tests::bench_summary("cluster", "redis_cluster.commands_per_event", commands);
+    sluice_tests::bench_summary("cluster", "one_redis.cpu_us_per_event", one_cpu);
+    sluice_tests::bench_summary("cluster", "redis_cluster.cpu_us_per_event", primaries.1);
+}
+
 #[tokio::main]
 async fn main() {
     let rounds = std::env::var("ROUNDS")
@@ -196,6 +288,10 @@ async fn main() {
         .and_then(|r| r.parse().ok())
         .unwrap_or(20_000);
     sluice_tests::bench_summary_start("cluster");
+    if std::env::var("ONLY").as_deref() == Ok("store") {
+        store_compare(events).await;
+        return;
+    }
     takeover(rounds).await;
     for replicas in 1..=3 {
         let (accept, end_to_end) = throughput(replicas, events).await;
@@ -208,4 +304,5 @@ async fn main() {
             "{replicas} replica(s): {accept:.0} events/s accepted, {end_to_end:.0} events/s delivered end to end ({events} events of ~1 KiB, 32 concurrent producers, one machine)"
         );
     }
+    store_compare(events).await;
 }
