@@ -40,31 +40,7 @@ fn delivered(receiver: &Receiver) -> Vec<String> {
 }
 
 /// Waits until every accepted event reached the receiver (or `limit` passes), then builds
-/// the report, publishes it and fails the test if anything accepted was lost.
-async fn conclude(
-    scenario: &str,
-    load: Load,
-    receiver: &Receiver,
-    limit: Duration,
-    started: Instant,
-    faults: usize,
-    peak_rss_kib: u64,
-) -> Report {
-    let report = reconcile(
-        scenario,
-        load,
-        receiver,
-        limit,
-        started,
-        faults,
-        peak_rss_kib,
-    )
-    .await;
-    report.assert_no_loss();
-    report
-}
-
-/// [`conclude`] without the verdict: the report, published, whatever was lost.
+/// the report and publishes it. Callers that promise no loss assert it on the report.
 async fn reconcile(
     scenario: &str,
     load: Load,
@@ -135,7 +111,7 @@ async fn replicas_killed_under_load() {
     for r in &replicas {
         note_rss(&mut peak, r);
     }
-    conclude(
+    let report = reconcile(
         "replicas SIGKILLed under load (distributed, 3 replicas)",
         load,
         &receiver,
@@ -145,6 +121,7 @@ async fn replicas_killed_under_load() {
         peak,
     )
     .await;
+    report.assert_no_loss();
 }
 
 /// Redis restarted (its append-only file kept), then unreachable for a while, under load:
@@ -183,7 +160,7 @@ async fn redis_restarted_and_unreachable() {
     for r in &replicas {
         note_rss(&mut peak, r);
     }
-    let report = conclude(
+    let report = reconcile(
         "Redis restarted, then unreachable (distributed, 2 replicas)",
         load,
         &receiver,
@@ -193,6 +170,7 @@ async fn redis_restarted_and_unreachable() {
         peak,
     )
     .await;
+    report.assert_no_loss();
     assert!(
         report.refused.keys().all(|s| matches!(s, 0 | 429 | 503)),
         "only 503 (or no answer) while Redis is away: {:?}",
@@ -231,7 +209,7 @@ async fn target_down_then_back(distributed: bool) {
     } else {
         "standalone"
     };
-    let report = conclude(
+    let report = reconcile(
         &format!("HTTP target down for {} s, then back ({mode})", 3 * scale),
         load,
         &receiver,
@@ -241,6 +219,7 @@ async fn target_down_then_back(distributed: bool) {
         peak,
     )
     .await;
+    report.assert_no_loss();
     assert_eq!(
         report.reordered, 0,
         "a target that fails delays a key's events, it does not reorder them"
@@ -282,7 +261,7 @@ async fn standalone_killed_under_load() {
     }
     load.wait_progress(100, Duration::from_secs(30)).await;
     note_rss(&mut peak, &sluice);
-    conclude(
+    let report = reconcile(
         "standalone SIGKILLed under load (fsync)",
         load,
         &receiver,
@@ -292,6 +271,7 @@ async fn standalone_killed_under_load() {
         peak,
     )
     .await;
+    report.assert_no_loss();
 }
 
 /// Two replicas on a Redis Cluster (three primaries, three replicas) under load; the
@@ -410,7 +390,7 @@ async fn cluster_slot_migrated_under_load() {
         moves += 1;
         load.wait_progress(300, Duration::from_secs(30)).await;
     }
-    let report = conclude(
+    let report = reconcile(
         "a busy shard's slot migrated to another primary under load (Redis Cluster)",
         load,
         &receiver,
@@ -420,5 +400,6 @@ async fn cluster_slot_migrated_under_load() {
         0,
     )
     .await;
+    report.assert_no_loss();
     assert_eq!(report.reordered, 0, "order per key is kept");
 }
