@@ -323,3 +323,36 @@ async fn an_upgrade_under_running_older_workers_is_refused() {
         sluice::store::redis::Layout::Migrated(0)
     );
 }
+
+/// `redis_durability = "replicated"` on a Redis with no replica: nothing can be
+/// acknowledged, so every append is answered 503 with Retry-After and a reason naming the
+/// replicas, and counted; the setting is not silently ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_durability_without_replicas_refuses_with_503() {
+    let (url, prefix) = shared_redis("replicated-alone");
+    let sluice = Sluice::builder()
+        .distributed(&url, &prefix)
+        .cluster_settings("redis_durability = \"replicated\"\nreplication_timeout = \"100ms\"")
+        .start()
+        .await;
+    let r = sluice_tests::binary(
+        &reqwest::Client::new(),
+        &sluice.events_url(),
+        "lonely",
+        "{}",
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let body = r.text().await.unwrap();
+    assert!(body.contains("0 of the 1 Redis replicas"), "{body}");
+    let metrics = sluice.metrics().await;
+    let refused = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_redis_replication_shortfall_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(refused.is_some_and(|n| n >= 1.0), "{metrics}");
+}
