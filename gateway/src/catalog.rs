@@ -340,7 +340,7 @@ pub fn check_stored_shards(
                 index,
                 pointer: "/shards".to_string(),
                 message: format!(
-                    "bus `{name}` cannot have {} shards: a log of bus `{name}` with {shards} shards is still in the store (its events and positions are kept after the bus is deleted, placed by that count). Create it with shards = {shards}, choose another name, or delete its data first (standalone: {{data_dir}}/buses/{name}; distributed: the Redis keys {{prefix}}:{{bus/{name}#N}}:* of each shard N and {{prefix}}:bus-shards:{name})",
+                    "bus `{name}` cannot have {} shards: a log of bus `{name}` with {shards} shards is still in the store (its events and positions are kept after the bus is deleted, placed by that count). Create it with shards = {shards}, choose another name, or delete its data first (standalone: {{data_dir}}/buses/{name}; distributed: the Redis keys {{prefix}}:{{bus/{name}#N.*}}:* of each shard N and {{prefix}}:bus-shards:{name})",
                     bus.shards
                 ),
             });

@@ -1,6 +1,6 @@
-//! Bus logs in Redis: a stream per shard (`{p}:{bus/{bus}#{shard}}:log`), its sequence
-//! counter, the shard count recorded per bus, and the per-shard dedup index and records of
-//! `append_unique`, all of a shard in the shard's hash slot.
+//! Bus logs in Redis: a stream per shard (`{p}:{S}:log`, `S` the shard's tag, see
+//! `client::shard_tag`), its sequence counter, the shard count recorded per bus, and the
+//! per-shard dedup index and records of `append_unique`, all of a shard in its hash slot.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Positions in Redis: `{p}:{bus/{bus}#{shard}}:pos` (a bus shard's subscriptions, committed
+//! Positions in Redis: `{p}:{S}:pos` (`S` the shard's tag) (a bus shard's subscriptions, committed
 //! as differences) and `{p}:{source/{name}}:pos:{broker}` (source connectors), every commit
 //! fenced by the task's lease, which shares the positions' hash slot.
 
