@@ -99,6 +99,8 @@ dedup_window = "1h"
     let client = reqwest::Client::new();
     assert_eq!(post_to(&client, &a, "once", "dup-1").await, "accepted");
     assert_eq!(post_to(&client, &b, "once", "dup-1").await, "duplicate");
+    // A webhook delivery id sent to both replicas: stored once, the second a duplicate.
+    let mut answers = Vec::new();
     for replica in [&a, &b] {
         let r = client
             .post(replica.url("/webhooks/hook"))
@@ -109,7 +111,10 @@ dedup_window = "1h"
             .await
             .unwrap();
         assert!(r.status().is_success(), "{}", r.status());
+        let body: serde_json::Value = r.json().await.unwrap();
+        answers.push(body["status"].as_str().unwrap_or("").to_string());
     }
+    assert_eq!(answers[1], "duplicate", "{answers:?}");
 
     // An admin API change made at one replica reaches the other (notices over pub/sub).
     let (status, _) =
