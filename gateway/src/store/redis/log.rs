@@ -37,6 +37,31 @@ const APPEND: &str = include_str!("lua/append.lua");
 /// only when a key was recorded, and bounded once per call, not per record.
 const APPEND_UNIQUE: &str = include_str!("lua/append_unique.lua");
 
+/// The keys of one shard of a bus's log, all in the shard's hash slot.
+#[derive(Clone)]
+struct ShardKeys {
+    /// The stream.
+    log: String,
+    /// Its sequence counter.
+    next: String,
+    /// The dedup index: one per shard rather than per bus, so that it lives in the slot
+    /// of the stream it is written with, like the dedup records.
+    dedup_index: String,
+    /// The dedup records' names, without the record's key.
+    dedup: String,
+}
+
+impl ShardKeys {
+    fn of(redis: &Redis, bus: &str, shard: u32) -> ShardKeys {
+        ShardKeys {
+            log: redis.shard_key(bus, shard, &["log"]),
+            next: redis.shard_key(bus, shard, &["next"]),
+            dedup_index: redis.shard_key(bus, shard, &["dedup-index"]),
+            dedup: redis.shard_key(bus, shard, &["dedup", ""]),
+        }
+    }
+}
+
 /// One bus's log: a Redis stream per shard.
 pub struct RedisLog {
     redis: Redis,
@@ -51,6 +76,7 @@ pub struct RedisLog {
     /// split between the bus's shards, over the estimated bytes of one record.
     dedup_cap: u64,
     dedup_record_bytes: i64,
+    keys: Vec<ShardKeys>,
     /// The dedup gauges of each shard, resolved on the first deduplicated append (buses
     /// without a `dedup_window` get no series).
     dedup_series: Vec<std::sync::OnceLock<crate::metrics::DedupSeries>>,
@@ -70,30 +96,33 @@ impl RedisLog {
             dedup_cap: redis_index_cap(&redis, shards, name),
             dedup_record_bytes: i64::try_from(redis_record_bytes(name)).unwrap_or(i64::MAX),
             dedup_series: (0..shards).map(|_| std::sync::OnceLock::new()).collect(),
+            keys: (0..shards).map(|s| ShardKeys::of(&redis, bus, s)).collect(),
             redis,
         }
     }
 
-    /// The shard's dedup index: one per shard rather than per bus, so that it takes the
-    /// shard's hash tag and lives in the slot of the stream it is written with, like the
-    /// dedup records themselves ([`RedisLog::dedup_key`]).
-    fn dedup_index(&self, shard: u32) -> String {
-        self.redis.shard_key(&self.bus, shard, &["dedup-index"])
+    /// The names of a shard's keys, made once per log (a shard's tag takes a search the
+    /// first time, and an append would otherwise format three or four names).
+    fn keys(&self, shard: u32) -> std::borrow::Cow<'_, ShardKeys> {
+        match self.keys.get(shard as usize) {
+            Some(keys) => std::borrow::Cow::Borrowed(keys),
+            None => std::borrow::Cow::Owned(ShardKeys::of(&self.redis, &self.bus, shard)),
+        }
     }
 
     /// A dedup record of an event stored on `shard`. A duplicate is recognised on the
     /// shard its partition key picks: the same `partitionkey` (or, without one, the same
     /// id) as the first, which is what a retry sends.
     fn dedup_key(&self, shard: u32, key: &str) -> String {
-        self.redis.shard_key(&self.bus, shard, &["dedup", key])
+        format!("{}{key}", self.keys(shard).dedup)
     }
 
     fn stream(&self, shard: u32) -> String {
-        self.redis.shard_key(&self.bus, shard, &["log"])
+        self.keys(shard).log.clone()
     }
 
     fn counter(&self, shard: u32) -> String {
-        self.redis.shard_key(&self.bus, shard, &["next"])
+        self.keys(shard).next.clone()
     }
 
     /// Runs an append script. With `cluster.redis_durability = "replicated"` it runs on the
@@ -250,10 +279,9 @@ impl BusLog for RedisLog {
                 results.push(Err(e));
                 continue;
             }
+            let keys = self.keys(append.shard);
             let mut invocation = self.append.prepare_invoke();
-            invocation
-                .key(self.stream(append.shard))
-                .key(self.counter(append.shard));
+            invocation.key(&keys.log).key(&keys.next);
             invocation.arg(crate::store::now_ms());
             for record in &append.records {
                 invocation.arg(record.as_ref());
@@ -296,11 +324,12 @@ impl BusLog for RedisLog {
         {
             return Some(Err(e));
         }
+        let keys = self.keys(shard);
         let mut invocation = self.append_unique.prepare_invoke();
         invocation
-            .key(self.stream(shard))
-            .key(self.counter(shard))
-            .key(self.dedup_index(shard));
+            .key(&keys.log)
+            .key(&keys.next)
+            .key(&keys.dedup_index);
         for (_, key) in records {
             invocation.key(self.dedup_key(shard, key));
         }
