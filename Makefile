@@ -14,7 +14,7 @@ ROCKETMQ_DIR := $(CACHE)/rocketmq-1.0.0
 ROCKETMQ_BENCH_DIR := $(CACHE)/rocketmq-1.0.0
 export SLUICE_ROCKETMQ_BIN ?= $(ROCKETMQ_DIR)/bin
 
-.PHONY: chaos webhook-node aws-node console-check run test lint fmt fuzz build bench bench-compare bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq rocketmq-bench infra-check infra-tools clean help
+.PHONY: chaos webhook-node aws-node functions console-check run test lint fmt fuzz build bench bench-compare bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq rocketmq-bench infra-check infra-tools clean help
 
 help:
 	@echo "make run    - start the gateway standalone with sluice.example.toml (http://127.0.0.1:8080)"
@@ -162,6 +162,29 @@ export WEBHOOK_NODE_DIR ?= $(WEBHOOK_NODE)
 webhook-node:
 	$(call apt_install,npm,npm)
 	@mkdir -p $(WEBHOOK_NODE) && cd $(WEBHOOK_NODE) && { [ -d node_modules/@octokit/webhooks-methods ] || npm install --silent --no-audit --no-fund @octokit/webhooks-methods@6.0.0; }
+
+# The example functions (examples/functions, docs/functions.md): componentize-js and jco
+# (npm, into the cache, at the versions examples/functions/js/package.json pins) build
+# enrich.js and split-order.js into WebAssembly components in target/functions/ (about
+# 12 MB each, seconds each), and check.mjs calls them from node without the gateway, every
+# import a stub that throws. Where the wasm32-wasip2 target is installed the Rust example
+# is built (its own workspace and target/) and checked too, into
+# target/functions/country-lookup.wasm.
+FUNCTIONS_NODE := $(CACHE)/functions-node
+FUNCTIONS_OUT := target/functions
+functions:
+	$(call apt_install,npm,npm)
+	@mkdir -p $(FUNCTIONS_NODE) && { cmp -s examples/functions/js/package.json $(FUNCTIONS_NODE)/.installed || { \
+		cp examples/functions/js/package.json $(FUNCTIONS_NODE)/package.json && \
+		(cd $(FUNCTIONS_NODE) && npm install --silent --no-audit --no-fund) && \
+		cp examples/functions/js/package.json $(FUNCTIONS_NODE)/.installed; }; }
+	FUNCTIONS_NODE_DIR=$(FUNCTIONS_NODE) node examples/functions/js/build.mjs $(FUNCTIONS_OUT)
+	FUNCTIONS_NODE_DIR=$(FUNCTIONS_NODE) node examples/functions/js/check.mjs $(FUNCTIONS_OUT)
+	@if rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then \
+		(cd examples/functions/rust && $(CARGO) build --release --target wasm32-wasip2) && \
+		cp examples/functions/rust/target/wasm32-wasip2/release/country_lookup.wasm $(FUNCTIONS_OUT)/country-lookup.wasm && \
+		FUNCTIONS_NODE_DIR=$(FUNCTIONS_NODE) node examples/functions/rust/check.mjs $(FUNCTIONS_OUT)/country-lookup.wasm; \
+	else echo "wasm32-wasip2 is not installed (rustup target add wasm32-wasip2): the Rust example is not built"; fi
 
 # The AWS SDK for Python, for the EventBridge PutEvents tests (tests/tests/compat_aws.rs).
 $(VENV)/.aws: $(VENV)/.installed
