@@ -137,6 +137,9 @@ export const webhooks = () => get("webhooks");
 /** The source connectors of the catalog (RocketMQ). */
 export const sources = () => get("sources");
 
+/** The WebAssembly functions of the catalog, with whether this replica has loaded each. */
+export const functions = () => get("functions");
+
 export const getSource = (name) => request("GET", `sources/${seg(name)}`);
 
 /** Replaces a source (`If-Match: version`), or creates it (`version` null: `If-None-Match: *`). */

@@ -9,12 +9,15 @@
 // Everything the mouse does has a keyboard way: each palette item has an Add button (the
 // node goes after the selected one), nodes are buttons (arrow keys move them, Delete
 // removes them), and the side form has "Input from" and "Connect output to" choices.
+//
+// A function step (`{"wasm": "name"}` in the rule) is a step of form "WASM" here, with a
+// `wasm` setting chosen among the catalog's functions (GET /api/v1/functions).
 
 import * as api from "./api.js";
 import { announce, append, button, clip, confirmDialog, field, h, keyed, notice, replace, select, setFieldError, setText, svg, uid } from "./dom.js";
 import { badge, brief, bytes, count, duration, json, time } from "./format.js";
 import { RETRY_FIELDS, STEP_FIELDS, TARGET_FIELDS, displayValue, parseValue } from "./fields.js";
-import { BODY_FORMS, Graph, LOCAL_TARGETS, NAME_PATTERN, STEP_FORMS, STEP_INFO, TARGET_INFO, TARGET_TYPES, canonical, clone, getPath, label, newStep, newTarget, setPath } from "./graph.js";
+import { BODY_FORMS, Graph, LOCAL_TARGETS, NAME_PATTERN, STEP_FORMS, STEP_INFO, TARGET_INFO, TARGET_TYPES, canonical, clone, getPath, label, newStep, newTarget, setPath, stepTitle, stepToApi } from "./graph.js";
 
 const DRAG_TYPE = "application/x-sluice-node";
 const VALIDATE_DELAY = 400;
@@ -50,13 +53,20 @@ export async function renderBuilder(root, { bus, rule }, app) {
   let webhooks = [];
   let sources = null;
   let loaded = null;
+  // null: the list cannot be had (the function step then takes a typed name).
+  let functions = null;
+  let functionsError = null;
   try {
-    // The webhook sources and the source list are extras: the builder works without them.
+    // The webhook sources, the source list and the functions are extras: the builder works without them.
     [catalog, connectors, webhooks, sources] = await Promise.all([
       api.catalog(),
       api.connectors().then((c) => c.items, () => []),
       api.webhooks().then((w) => w?.items || [], () => []),
       api.sources().then((s) => s?.items || null, () => null),
+      api.functions().then(
+        (f) => (functions = Array.isArray(f?.items) ? f.items : []),
+        (err) => (functionsError = err.detail),
+      ),
     ]);
     if (rule) loaded = (await api.getRule(bus, rule)).data;
   } catch (err) {
@@ -73,18 +83,21 @@ export async function renderBuilder(root, { bus, rule }, app) {
     ...webhooks.filter((w) => w?.bus === bus).map((w) => ({ type: "webhook", name: w.name, preset: w.preset || w.verify?.preset, path: w.path || `/webhooks/${w.name}`, origin: w.origin, unavailable: w.unavailable })),
     ...(sources || catalog.sources || []).filter((s) => s?.bus === bus),
   ];
-  const builder = new Builder(root, app, { bus, busResource, catalog, connectors, rule: loaded, feeders });
+  const builder = new Builder(root, app, { bus, busResource, catalog, connectors, rule: loaded, feeders, functions, functionsError });
   builder.render();
   return builder;
 }
 
 class Builder {
-  constructor(root, app, { bus, busResource, catalog, connectors, rule, feeders = [] }) {
+  constructor(root, app, { bus, busResource, catalog, connectors, rule, feeders = [], functions = null, functionsError = null }) {
     this.root = root;
     this.app = app;
     this.bus = bus;
     this.busResource = busResource;
     this.catalog = catalog;
+    /** The catalog's functions (GET /api/v1/functions), or null if they cannot be listed. */
+    this.functions = functions;
+    this.functionsError = functionsError;
     this.connectors = new Map(connectors.map((c) => [c.id, c]));
     this.ruleName = rule?.name || "";
     this.version = rule ? rule.version : null;
@@ -281,7 +294,7 @@ class Builder {
       h("h2", { id: "palette-title", class: "panel-title", text: "Palette" }),
       h("p", { class: "palette__hint", text: "Drag onto the canvas, or press Add to put it after the selected node." }),
       h("h3", { class: "palette__group", text: "Transform steps" }),
-      h("ul", { class: "palette__list" }, STEP_FORMS.map((form) => item("step", form, form, STEP_INFO[form]))),
+      h("ul", { class: "palette__list" }, STEP_FORMS.map((form) => item("step", form, stepTitle(form), STEP_INFO[form]))),
       h("h3", { class: "palette__group", text: "Targets" }),
       h("ul", { class: "palette__list" }, TARGET_TYPES.map((type) => item("target", type, type, TARGET_INFO[type]))),
     );
@@ -935,7 +948,7 @@ class Builder {
   stepForm(body, node) {
     const data = node.data;
     const path = this.pathIndex(node);
-    const formSelect = select(STEP_FORMS, data.form, {
+    const formSelect = select(STEP_FORMS.map((f) => [f, stepTitle(f)]), data.form, {
       class: "input",
       on: {
         change: () => {
@@ -952,6 +965,68 @@ class Builder {
     append(body, [field("Form", formSelect, { hint: `${STEP_INFO[data.form] || ""}${path ? ` · step ${path} of its chain` : ""}` })]);
     for (const spec of STEP_FIELDS[data.form] || []) body.append(this.settingField(node, spec));
     if (data.form === "ORIGINAL") body.append(h("p", { class: "muted", text: "Passes the event on unchanged." }));
+    if (data.form === "WASM") body.append(this.functionDetails(node));
+  }
+
+  /** What the catalog says of a function step's function, and warnings (none listed, not loaded). */
+  functionDetails(node) {
+    const name = node.data.wasm;
+    const list = this.functions;
+    const wrap = h("div", { class: "function-info" });
+    if (list === null) {
+      wrap.append(notice("warn", "The catalog's functions cannot be listed", `${this.functionsError ? `${this.functionsError}. ` : ""}Type the function's name: the check and the test say whether it exists.`));
+    } else if (!list.length) {
+      wrap.append(noFunctionsNotice());
+    } else if (name) {
+      const f = list.find((x) => x.name === name);
+      if (!f) {
+        wrap.append(
+          h(
+            "div",
+            { class: "notice notice--warn", role: "status" },
+            h("p", { class: "notice__title", text: `Function ${name} is not in the catalog` }),
+            h("p", { class: "notice__detail" }, "Upload it with ", h("code", { text: `PUT /api/v1/functions/${name}` }), " or ", h("code", { text: "sluice ctl apply" }), " (then refresh the list), or choose another."),
+          ),
+        );
+      } else {
+        if (f.loaded?.error) wrap.append(notice("warn", `Function ${name} cannot be loaded on this replica`, f.loaded.error));
+        const facts = [
+          ["SHA-256", f.sha256 ? h("code", { title: f.sha256, text: shortSha(f.sha256) }) : null],
+          ["Size", f.size !== undefined ? bytes(f.size) : null],
+          ["Timeout", f.timeout !== undefined ? duration(f.timeout) : null],
+          ["Max memory", f.max_memory_bytes !== undefined ? bytes(f.max_memory_bytes) : null],
+          ["Max events returned", f.max_events !== undefined ? count(f.max_events) : null],
+          ["Max output", f.max_output_bytes !== undefined ? bytes(f.max_output_bytes) : null],
+          ["On this replica", loadedText(f)],
+        ].filter(([, v]) => v !== null);
+        wrap.append(h("dl", { class: "facts" }, facts.map(([term, value]) => fact(term, value))));
+      }
+    }
+    wrap.append(
+      h(
+        "p",
+        {},
+        button("Refresh the list", () => this.refreshFunctions(), { class: "button button--small", title: "List the catalog's functions again", dataset: { refreshFunctions: "" } }),
+      ),
+    );
+    return wrap;
+  }
+
+  async refreshFunctions() {
+    try {
+      const answer = await api.functions();
+      this.functions = Array.isArray(answer?.items) ? answer.items : [];
+      this.functionsError = null;
+      announce(`${this.functions.length} function${this.functions.length === 1 ? "" : "s"} in the catalog.`);
+    } catch (err) {
+      if (err.isAuth) return;
+      if (this.functions === null) this.functionsError = err.detail;
+      announce(`The functions cannot be listed: ${err.detail}`, "error");
+    }
+    this.renderCanvas();
+    this.renderInspector();
+    this.inspector.querySelector("[data-refresh-functions]")?.focus();
+    this.scheduleValidate();
   }
 
   targetForm(body, node) {
@@ -1073,6 +1148,17 @@ class Builder {
         const options = [["", "Choose a bus…"], ...names.map((n) => [n, n])];
         if (value && !names.includes(value)) options.push([value, `${value} (not in the catalog)`]);
         control = select(options, value ?? "", { class: "input", on: { change: () => onEditValue(control.value || undefined) } });
+        break;
+      }
+      case "function": {
+        const list = this.functions;
+        if (!list) {
+          control = h("input", { class: "input", type: "text", autocomplete: "off", spellcheck: "false", placeholder: "function name", value: value ?? "", on: { input: () => onEditValue(control.value.trim()) } });
+          break;
+        }
+        const options = [["", list.length ? "Choose a function…" : "No functions in the catalog"], ...list.map((f) => [f.name, functionOption(f)])];
+        if (value && !list.some((f) => f.name === value)) options.push([value, `${value} (not in the catalog)`]);
+        control = select(options, value ?? "", { class: "input", on: { change: () => onEditValue(control.value, true) } });
         break;
       }
       case "object":
@@ -1261,7 +1347,7 @@ class Builder {
       for (const spec of specs) {
         if (!spec.required || (spec.when && !spec.when(node.data)) || this.invalid.get(node.id)?.[spec.key]) continue;
         const value = getPath(node.data, spec.key);
-        if (value === undefined || value === null || value === "") problems.push({ node: node.id, field: spec.key, message: `${spec.label} is required.` });
+        if (value === undefined || value === null || value === "") problems.push({ node: node.id, field: spec.key, message: spec.requiredMessage || `${spec.label} is required.` });
       }
     }
     return problems;
@@ -1279,6 +1365,24 @@ class Builder {
     }
     let { node, field: key } = this.graph.locate(pointer, message, draft.targetIds);
     if (!node && key !== "name") message = pointer ? `${message} (at ${pointer})` : message;
+    const at = node && this.graph.get(node);
+    if (at && !key) {
+      // The problem is shown at its node: "rule `r`, target `t`: " says nothing more.
+      const shortened = message.replace(/^rule `[^`]*`, target `[^`]*`: /, "");
+      // "function `f` is not defined": the function step of the target's chain naming it.
+      const fn = at.kind === "target" ? functionStep(this.graph.pathTo(node) || [], message) : null;
+      if (fn) {
+        node = fn.id;
+        key = "wasm";
+        message = shortened;
+      } else if (at.kind === "step" && at.data.form === "WASM") {
+        key = "wasm";
+        message = shortened;
+      } else if (at.kind === "step" && BODY_FORMS.has(at.data.form) && /renders the body/.test(message)) {
+        key = "into";
+        message = shortened;
+      }
+    }
     if (node && !key) {
       // "target `t`: url ``: relative URL without a base": the message names the setting.
       message = message.replace(/^target `[^`]*`: /, "");
@@ -1526,19 +1630,30 @@ class Builder {
       replace(this.testResults, notice("error", `Target ${target.data.name} is not connected`, "Connect it to the filter or a step first."));
       return;
     }
-    if (path.length) body.transform = path.map((s) => clone(s.data));
-    replace(this.testResults, notice("loading", "Testing…"));
+    const unchosen = (path || []).findIndex((s) => s.data.form === "WASM" && !s.data.wasm);
+    if (unchosen >= 0) {
+      replace(this.testResults, notice("error", `Step ${unchosen + 1} calls no function yet`, "Choose its function first."));
+      return;
+    }
+    if (path.length) body.transform = path.map((s) => stepToApi(s.data));
+    replace(this.testResults, notice("loading", path.some((s) => s.data.form === "WASM") ? "Testing (the functions may take a moment to load)…" : "Testing…"));
     let result;
     try {
       result = await api.testRule(body);
     } catch (err) {
       if (err.isAuth) return;
       const at = err.pointer || "";
-      const node = at.startsWith("/pattern") || at.startsWith("/filter") ? filter : at.startsWith("/transform") ? path[Number((err.detail.match(/\bstep (\d+)/) || [])[1])] || target : null;
+      const fn = functionStep(path, err.detail);
+      const node =
+        at.startsWith("/pattern") || at.startsWith("/filter")
+          ? filter
+          : at.startsWith("/transform")
+            ? path[Number((err.detail.match(/\bstep (\d+)/) || [])[1])] || fn || target
+            : fn;
       this.testMarks.clear();
       if (node) this.testMarks.set(node.id, { state: "fail", short: "✗", text: err.detail });
       this.renderCanvas();
-      replace(this.testResults, notice("error", at === "/event" ? "The event is refused" : "The test is refused", err.detail));
+      replace(this.testResults, notice("error", at === "/event" ? "The event is refused" : err.status === 503 ? "The test cannot run now" : "The test is refused", err.detail));
       return;
     }
     this.showTest(event, result, filter, path, target);
@@ -1554,6 +1669,17 @@ class Builder {
     marks.set(from.id, { state: "pass", short: "✓", text: "event in" });
     rows.push(testRow("Filter", filter.data.mode === "all" ? "every event" : filter.data.mode, result.matched ? "pass" : "fail", result.matched ? "Matched: the rule takes this event." : "Not matched: the rule does not take this event."));
     marks.set(filter.id, { state: result.matched ? "pass" : "fail", short: result.matched ? "✓ matched" : "✗ no match", text: result.matched ? "matched" : "not matched" });
+    // A chain with function steps is run whole: the answer lists the function calls and
+    // every output (`functions`, `outputs`) instead of each step's.
+    if (result.matched && (Array.isArray(result.functions) || Array.isArray(result.outputs))) {
+      const failed = this.functionTestRows(result, path, target, rows, marks);
+      this.testMarks = marks;
+      this.renderCanvas();
+      replace(this.testResults, h("ol", { class: "test-steps" }, rows));
+      const n = (result.outputs || []).length;
+      announce(failed ? "Test: matched, but the chain failed." : `Test: matched; ${n === 0 ? "no event comes out" : n === 1 ? "one event comes out" : `${n} events come out`}.`, failed ? "info" : "ok");
+      return;
+    }
     const steps = result.steps || [];
     let failed = !result.matched;
     path.forEach((step, i) => {
@@ -1581,6 +1707,79 @@ class Builder {
     this.renderCanvas();
     replace(this.testResults, h("ol", { class: "test-steps" }, rows));
     announce(result.matched ? (failed ? "Test: matched, but a step failed." : "Test: matched.") : "Test: not matched.", result.matched && !failed ? "ok" : "info");
+  }
+
+  /**
+   * The rows and node marks of a chain run with its functions: each call (the events it
+   * returned, or its error), the chain's error, and what the target receives. True if the
+   * chain failed.
+   */
+  functionTestRows(result, path, target, rows, marks) {
+    const calls = Array.isArray(result.functions) ? result.functions : [];
+    const outputs = Array.isArray(result.outputs) ? result.outputs : result.output !== undefined ? [result.output] : [];
+    const error = result.error !== undefined && result.error !== null ? String(result.error) : null;
+    const errorStep = error ? Number((error.match(/\bstep (\d+)/) || [])[1]) : NaN;
+    // The steps on the canvas: which ran, which failed, which no event reached.
+    let reached = true;
+    path.forEach((step, i) => {
+      let state = "pass";
+      let text = "Ran.";
+      let short = "✓";
+      if (Number.isInteger(errorStep) && i > errorStep) {
+        state = "skip";
+        text = `Not run: step ${errorStep + 1} failed.`;
+      } else if (!reached) {
+        state = "skip";
+        text = "Not run: a function before it returned no event.";
+      } else if (i === errorStep) {
+        state = "fail";
+        text = error;
+      } else if (step.data.form === "WASM") {
+        const mine = calls.filter((c) => c.function === step.data.wasm);
+        const bad = mine.find((c) => c.error !== undefined);
+        const returned = mine.reduce((n, c) => n + (Array.isArray(c.returned) ? c.returned.length : 0), 0);
+        if (bad) {
+          state = "fail";
+          text = bad.error;
+        } else if (!mine.length) {
+          state = "skip";
+          text = "Not called.";
+        } else {
+          text = `${plural(mine.length, "call")}: returned ${plural(returned, "event")}.`;
+          short = `✓ ${plural(returned, "event")}`;
+          if (!returned) reached = false;
+        }
+      }
+      marks.set(step.id, { state, short: state === "pass" ? short : state === "fail" ? "✗" : "–", text });
+    });
+    for (const call of calls) {
+      const name = `${call.function}${call.version ? ` · ${shortSha(call.version)}` : ""}`;
+      if (call.error !== undefined) {
+        rows.push(testRow("Function", name, "fail", `Error${call.outcome ? ` (${call.outcome})` : ""}: ${call.error}`));
+        continue;
+      }
+      const returned = Array.isArray(call.returned) ? call.returned : [];
+      const text = returned.length === 0 ? "Returned no event: the event is dropped." : returned.length === 1 ? "Returned 1 event:" : `Returned ${returned.length} events:`;
+      rows.push(testRow("Function", name, "pass", text, returned.length === 0 ? undefined : returned.length === 1 ? returned[0] : returned));
+    }
+    if (error) rows.push(testRow("Chain", "failed", "fail", `${error} — the event would be dead-lettered.`));
+    if (target) {
+      const delivered = !error && outputs.length > 0;
+      let text;
+      if (error) text = "Receives nothing: the chain failed, so the event would be dead-lettered.";
+      else if (!outputs.length) text = "Receives nothing: a function dropped the event.";
+      else if (outputs.length === 1) text = "Receives:";
+      else text = `Receives ${outputs.length} events, in this order:`;
+      rows.push(testRow("Target", target.data.name, delivered ? "pass" : error ? "fail" : "skip", text, delivered ? (outputs.length === 1 ? outputs[0] : outputs) : undefined));
+      marks.set(target.id, {
+        state: delivered ? "pass" : "skip",
+        short: delivered ? (outputs.length === 1 ? "✓ receives" : `✓ receives ${outputs.length}`) : "–",
+        text: delivered ? `receives ${plural(outputs.length, "event")}` : "receives nothing",
+      });
+    } else if (outputs.length) {
+      rows.push(testRow("Outputs", plural(outputs.length, "event"), "pass", "The chain makes:", outputs.length === 1 ? outputs[0] : outputs));
+    }
+    return Boolean(error);
   }
 }
 
@@ -1653,7 +1852,7 @@ function caption(graph, node) {
     case "step": {
       const path = graph.pathTo(node.id);
       const meta = stepSummary(d);
-      return { kind: path ? `Step ${path.length + 1}` : "Step (not connected)", title: d.form, meta: d.into === "data" ? `${meta} → data` : meta };
+      return { kind: path ? `Step ${path.length + 1}` : "Step (not connected)", title: stepTitle(d.form), meta: d.into === "data" ? `${meta} → data` : meta };
     }
     default:
       return { kind: `Target · ${d.type}`, title: d.name || "(no name)", meta: targetSummary(d) };
@@ -1677,6 +1876,8 @@ function stepSummary(d) {
       return (d.attributes || []).join(", ") || "(none yet)";
     case "MAP_DATA":
       return Object.keys(d.fields || {}).join(", ") || "(no fields yet)";
+    case "WASM":
+      return d.wasm || "(no function yet)";
     default:
       return "unchanged";
   }
@@ -1723,6 +1924,43 @@ function fieldKeys(node) {
     return new Set(["name", "dead_letter.bus", "dead_letter.target", ...specs.map((s) => s.key)]);
   }
   return new Set();
+}
+
+/** A function of the catalog in a choice list: its name and short SHA-256. */
+function functionOption(f) {
+  return `${f.name} · ${shortSha(f.sha256)}${f.loaded?.error ? " · cannot be loaded" : ""}`;
+}
+
+function shortSha(sha) {
+  return sha ? String(sha).slice(0, 12) : "?";
+}
+
+/** Whether this replica runs a function, as GET /api/v1/functions says. */
+function loadedText(f) {
+  const loaded = f.loaded;
+  if (!loaded) return "not loaded on this replica";
+  if (loaded.error) return `cannot be loaded: ${loaded.error}`;
+  if (!loaded.running) return "loading…";
+  if (f.sha256 && loaded.running !== f.sha256) return `running ${shortSha(loaded.running)} (an earlier version; this one is loading)`;
+  return "loaded: runs this version";
+}
+
+function noFunctionsNotice() {
+  return h(
+    "div",
+    { class: "notice notice--warn", role: "status" },
+    h("p", { class: "notice__title" }, "No functions yet: upload one with ", h("code", { text: "PUT /api/v1/functions/{name}" }), " or ", h("code", { text: "sluice ctl apply" })),
+  );
+}
+
+/** The function step of `path` a message names (`function `f` ...`), if any. */
+function functionStep(path, message) {
+  const name = String(message || "").match(/function `([^`]+)`/)?.[1];
+  return name ? (path || []).find((s) => s.data.form === "WASM" && s.data.wasm === name) || null : null;
+}
+
+function plural(n, word) {
+  return `${n} ${word}${n === 1 ? "" : "s"}`;
 }
 
 function fact(term, value) {

@@ -4,7 +4,8 @@
 //
 // kinds: text, secret, number, integer, duration, bool, select, json (any JSON value),
 // object (a JSON object), lines (a list of strings, one per line), text-or-json, bus
-// (a bus of the catalog).
+// (a bus of the catalog), function (a WebAssembly function of the catalog).
+// `requiredMessage` replaces "<label> is required." for a required field left empty.
 
 import { duration } from "./format.js";
 
@@ -39,6 +40,16 @@ export const STEP_FIELDS = {
     { key: "fields", label: "Fields", kind: "object", hint: 'Target path → JSONPath or {"value": constant}, e.g. {"order.id": "$.data.orderId"}.' },
     { key: "keep", label: "Keep the existing data (fields go on top)", kind: "bool" },
     { key: "remove", label: "Paths to remove from the kept data", kind: "lines", hint: "One dotted path per line." },
+  ],
+  WASM: [
+    {
+      key: "wasm",
+      label: "Function",
+      kind: "function",
+      required: true,
+      requiredMessage: "Choose the function this step calls.",
+      hint: "It gets each event and returns the events to pass on: none drops it, several fan it out (the steps after it run on each). An error dead-letters the event.",
+    },
   ],
 };
 

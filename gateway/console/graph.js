@@ -8,6 +8,10 @@
 // and the filter has at most one input, so the transform chain of a target is the steps on
 // the path from the filter to it. Loading a rule shares the common first steps of its targets' chains; saving gives
 // each target the chain of its path. Pure data: no DOM here.
+//
+// A function step is `{"wasm": "name"}` in a rule (no `form`): the graph holds it as
+// `{form: "WASM", wasm: "name"}` like the other steps, and converts it back on the way
+// out (`stepFromApi`, `stepToApi`).
 
 export const STEP_FORMS = [
   "ORIGINAL",
@@ -18,7 +22,17 @@ export const STEP_FORMS = [
   "REMOVE_ATTRIBUTES",
   "RENAME_ATTRIBUTES",
   "MAP_DATA",
+  "WASM",
 ];
+
+/** The console's name of a step form where it is not the form itself. */
+export const STEP_TITLES = {
+  WASM: "Function (WASM)",
+};
+
+export function stepTitle(form) {
+  return STEP_TITLES[form] || form;
+}
 
 export const TARGET_TYPES = ["log", "file", "http", "rocketmq", "redis-stream", "bus", "function"];
 
@@ -39,6 +53,7 @@ export const STEP_INFO = {
   REMOVE_ATTRIBUTES: "Remove attributes",
   RENAME_ATTRIBUTES: "Rename attributes",
   MAP_DATA: "Build new data from fields",
+  WASM: "Runs a WebAssembly function of the catalog: maps, drops or fans out each event",
 };
 
 export const TARGET_INFO = {
@@ -67,6 +82,8 @@ export function newStep(form) {
       return { form, attributes: [] };
     case "MAP_DATA":
       return { form, fields: {} };
+    case "WASM":
+      return { form, wasm: "" };
     default:
       return { form: "ORIGINAL" };
   }
@@ -90,6 +107,20 @@ export function newTarget(type, name) {
     default:
       return { type: "log", name };
   }
+}
+
+/** A step as a rule holds it, as the graph holds it: `{"wasm": "f"}` → `{form: "WASM", wasm: "f"}`. */
+export function stepFromApi(step) {
+  if (step && typeof step === "object" && !Array.isArray(step) && step.form === undefined && step.wasm !== undefined) {
+    return { form: "WASM", ...clone(step) };
+  }
+  return clone(step);
+}
+
+/** A step of the graph as a rule holds it: a function step is exactly `{"wasm": "f"}`. */
+export function stepToApi(data) {
+  if (data?.form === "WASM") return { wasm: data.wasm ?? "" };
+  return clone(data);
 }
 
 export function clone(value) {
@@ -170,12 +201,12 @@ export class Graph {
     for (const data of sources) graph.connect(graph.add("source", { ...clone(data), bus }).id, filter.id);
     for (const target of rule?.targets || []) {
       let at = filter;
-      for (const step of stepsOf(target.transform)) {
+      for (const step of stepsOf(target.transform).map(stepFromApi)) {
         const key = canonical(step);
         const same = graph.childrenOf(at.id).find((n) => n.kind === "step" && canonical(n.data) === key);
         if (same) at = same;
         else {
-          const node = graph.add("step", clone(step));
+          const node = graph.add("step", step);
           graph.connect(at.id, node.id);
           at = node;
         }
@@ -339,7 +370,7 @@ export class Graph {
       if (!path) {
         problems.push({ node: node.id, field: null, message: "Not connected: connect it to the filter or to a step." });
       } else if (path.length) {
-        target.transform = path.map((s) => clone(s.data));
+        target.transform = path.map((s) => stepToApi(s.data));
       }
       if (!target.name || !NAME_PATTERN.test(target.name)) {
         problems.push({ node: node.id, field: "name", message: "A target needs a name: letters, digits, '-', '_', '.' (not first)." });
@@ -353,6 +384,9 @@ export class Graph {
     for (const step of this.steps()) {
       if (!this.pathTo(step.id)) problems.push({ node: step.id, field: null, message: "Not connected: connect its input to the filter or to a step." });
       else if (!this.leadsToTarget(step.id)) problems.push({ node: step.id, field: null, message: "Leads to no target: connect its output to a target." });
+      else if (BODY_FORMS.has(step.data.form) && step.data.into !== "data" && this.childrenOf(step.id).some((n) => n.kind === "step")) {
+        problems.push({ node: step.id, field: "into", message: `${step.data.form} renders the body, so it must be the last step: tick "Make it the new data, and go on", or put the steps after it before it.` });
+      }
     }
     for (const [id, fields] of invalid) {
       if (!this.nodes.has(id)) continue;
@@ -450,7 +484,7 @@ export function label(node) {
     case "filter":
       return "the filter";
     case "step":
-      return `step ${node.data.form}`;
+      return node.data.form === "WASM" ? `function step ${node.data.wasm || "(no function)"}` : `step ${node.data.form}`;
     default:
       return `target ${node.data.name || node.data.type}`;
   }

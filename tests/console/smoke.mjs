@@ -23,8 +23,17 @@
 // channel on a sample event, saves it, posts events and sees them delivered and counted
 // (events view, channels and cluster views with state, lag and throughput), pauses and
 // resumes a connector, kills the second replica and sees its worker go and every task run on
-// the first within 20 s, shows the webhook source of bus `default`, and checks a narrow
-// screen. A screenshot of every page goes to the screenshot directory (console-*.png).
+// the first within 20 s, adds a function step (WASM) to the channel, shows the webhook source
+// of bus `default`, and checks a narrow screen.
+//
+// The function step: with a component (CONSOLE_FUNCTION, default
+// target/functions/country-lookup.wasm, which `make functions` builds) it is uploaded as a
+// function of the catalog, chosen in the step's form, saved as exactly `{"wasm": name}`,
+// loaded back as that step, and tested (a call returning one event, and one failing).
+// Without one, the step is added, must show "choose a function", and is sent to the dry
+// run as `{"wasm": ""}`; then the rule is reloaded as saved.
+//
+// A screenshot of every page goes to the screenshot directory (console-*.png).
 // Any browser console error, page error, CSP violation, failed request or unexpected HTTP
 // error answer fails it; it deletes what it created.
 
@@ -32,6 +41,7 @@ import { createRequire } from "node:module";
 import { readFile } from "node:fs/promises";
 import { mkdirSync } from "node:fs";
 import path from "node:path";
+import { fileURLToPath } from "node:url";
 
 const base = (process.argv[2] || "http://127.0.0.1:18080").replace(/\/$/, "");
 const base2 = (process.argv[3] || "").replace(/\/$/, "");
@@ -46,6 +56,8 @@ const stamp = Date.now().toString(36);
 const bus = `console-smoke-${stamp}`;
 const rule = "smoke-rule";
 const mqSource = `console-smoke-${stamp}-mq`;
+const fn = `console-smoke-${stamp}-fn`;
+const functionComponent = process.env.CONSOLE_FUNCTION || fileURLToPath(new URL("../../target/functions/country-lookup.wasm", import.meta.url));
 const token = process.env.SLUICE_ADMIN_TOKEN || "";
 const problems = [];
 let step = "start";
@@ -116,6 +128,7 @@ async function main() {
   const api = context.request;
   const auth = token ? { Authorization: `Bearer ${token}` } : {};
   page.setDefaultTimeout(10000);
+  let fnUploaded = false;
   const clusterLink = page.getByRole("navigation", { name: "Sections" }).getByRole("link", { name: "Cluster" });
   const channelsLink = page.getByRole("navigation", { name: "Sections" }).getByRole("link", { name: "Channels" });
   try {
@@ -366,6 +379,94 @@ async function main() {
       console.log(`takeover seen in the console ${seconds(took)} after the kill`);
     }
 
+    step = "a function step (WASM) in the builder";
+    const component = await readFile(functionComponent).catch(() => null);
+    if (component) {
+      const put = await api.put(`${base}/api/v1/functions/${fn}`, { headers: { ...auth, "content-type": "application/wasm" }, data: component });
+      check(put.status() === 201 || put.status() === 200, `PUT function: ${put.status()} ${await put.text()}`);
+      fnUploaded = true;
+    } else {
+      console.log(`(no component at ${functionComponent}: run \`make functions\` or set CONSOLE_FUNCTION; the function step is checked without a function)`);
+    }
+    const listed = await (await api.get(`${base}/api/v1/functions`, { headers: auth })).json();
+    const fnItem = listed.items.find((f) => f.name === fn);
+    check(!component || fnItem?.sha256, `function ${fn} not listed: ${JSON.stringify(listed)}`);
+    await page.goto(`${base}/console/#/builder/${bus}/${rule}`);
+    const setNode = page.locator(".node--step", { has: page.locator(".node__title", { hasText: "SET_ATTRIBUTES" }) });
+    await setNode.waitFor();
+    const wasmItem = page.locator('.palette__item[data-value="WASM"]');
+    check((await wasmItem.locator(".palette__name").textContent()).trim() === "Function (WASM)", "no Function (WASM) item in the palette");
+    await wasmItem.getByText("Runs a WebAssembly function of the catalog").waitFor();
+    await setNode.locator(".node__body").click();
+    // What the builder sends for it (to the dry run): exactly {"wasm": ""} while none is chosen.
+    const sent = page.waitForRequest((r) => /\/api\/v1\/catalog\/apply\?dry_run=true$/.test(r.url()) && (r.postData() || "").includes('"wasm"'));
+    await page.getByRole("button", { name: "Add a Function (WASM) step after the selected node" }).click();
+    const wasmNode = page.locator(".node--step", { has: page.locator(".node__title", { hasText: "Function (WASM)" }) });
+    await wasmNode.waitFor();
+    const draft = JSON.parse((await sent).postData());
+    for (const t of draft.rules[0].targets) {
+      check(t.transform?.length === 2 && t.transform[0].form === "SET_ATTRIBUTES" && JSON.stringify(t.transform[1]) === '{"wasm":""}', `transform sent for ${t.name}: ${JSON.stringify(t.transform)}`);
+    }
+    await wasmNode.locator(".node__error").filter({ hasText: "Choose the function this step calls" }).waitFor();
+    const fnSelect = page.locator('.inspector [data-field="wasm"]');
+    await fnSelect.waitFor();
+    if (!listed.items.length) {
+      await page.locator(".inspector .notice--warn").filter({ hasText: "No functions yet: upload one with PUT /api/v1/functions/{name} or sluice ctl apply" }).waitFor();
+    }
+    if (component) {
+      await fnSelect.selectOption(fn);
+      const option = await page.locator('.inspector [data-field="wasm"] option:checked').textContent();
+      check(option.includes(fn) && option.includes(fnItem.sha256.slice(0, 12)), `the function's option: ${option}`);
+      await wasmNode.locator(".node__meta").filter({ hasText: fn }).waitFor();
+      await page.locator(".inspector .function-info .facts").getByText(fnItem.sha256.slice(0, 12)).waitFor();
+      await page.locator('.validation[data-state="valid"]').waitFor();
+      await page.getByRole("button", { name: "Save", exact: true }).click();
+      await page.locator("#status").filter({ hasText: `Saved rule ${rule}` }).waitFor();
+      const withFn = await (await api.get(`${base}/api/v1/buses/${bus}/rules/${rule}`, { headers: auth })).json();
+      for (const t of withFn.targets) {
+        check(
+          t.transform?.length === 2 && t.transform[0].form === "SET_ATTRIBUTES" && JSON.stringify(t.transform[1]) === JSON.stringify({ wasm: fn }),
+          `saved transform of ${t.name}: ${JSON.stringify(t.transform)}`,
+        );
+      }
+
+      step = "the function step loaded back, and tested";
+      await page.reload();
+      await wasmNode.locator(".node__meta").filter({ hasText: fn }).waitFor();
+      check((await page.locator(".node--step").count()) === 2, "the two targets' chains are not shared as SET_ATTRIBUTES → Function (WASM)");
+      // The test waits for the function to load on this replica (a debug build compiles slowly).
+      await waitFor(async () => {
+        const item = (await (await api.get(`${base}/api/v1/functions`, { headers: auth })).json()).items.find((f) => f.name === fn);
+        check(!item?.loaded?.error, `function ${fn} cannot be loaded: ${item?.loaded?.error}`);
+        return item?.loaded?.running === fnItem.sha256;
+      }, 60000, `function ${fn} is not loaded on the replica within 60 s`);
+      await page.getByText("Test with an event").click();
+      const eventField = page.getByLabel("Event (structured CloudEvent JSON)");
+      await eventField.fill(JSON.stringify({ specversion: "1.0", id: "t-2", source: "/smoke", type: "com.example.smoke", data: { id: "X-9", country: "DE", amount: 100 } }));
+      await page.getByLabel("Chain of target").selectOption({ label: `${fileTarget} (file)` });
+      await page.getByRole("button", { name: "Run test" }).click();
+      await page.locator(".test-step--pass").filter({ hasText: fn }).filter({ hasText: "Returned 1 event" }).waitFor({ timeout: 30000 });
+      await page.locator(".test-steps").filter({ hasText: '"region": "emea"' }).filter({ hasText: '"subject": "X-9"' }).waitFor();
+      await page.locator(".test-step--pass").filter({ hasText: fileTarget }).filter({ hasText: "Receives" }).waitFor();
+      await wasmNode.locator(".test-mark--pass").waitFor();
+      await shot(page, "builder-wasm");
+      // An unknown country is the function's error: the event would be dead-lettered.
+      await eventField.fill(JSON.stringify({ specversion: "1.0", id: "t-3", source: "/smoke", type: "com.example.smoke", data: { id: "X-10", country: "ZZ" } }));
+      await page.getByRole("button", { name: "Run test" }).click();
+      await page.locator(".test-step--fail").filter({ hasText: fn }).waitFor({ timeout: 30000 });
+      await page.locator(".test-steps").filter({ hasText: "dead-lettered" }).waitFor();
+      await wasmNode.locator(".test-mark--fail").waitFor();
+    } else {
+      // Nothing to save without a function: remove it and load the rule as saved.
+      await wasmNode.locator(".node__body").focus();
+      await page.keyboard.press("Delete");
+      await wasmNode.waitFor({ state: "detached" });
+      await page.getByRole("button", { name: "Reload", exact: true }).click();
+      await page.getByRole("dialog", { name: "Reload the rule?" }).getByRole("button", { name: "Reload" }).click();
+      await setNode.waitFor();
+      check((await page.locator(".node--step").count()) === 1, "the rule as saved has one step");
+    }
+
     step = "the webhook source of bus default, in the builder";
     await page.goto(`${base}/console/#/builder/default/all-events`);
     const hook = page.getByRole("group", { name: "Webhook source: console-hook" });
@@ -396,6 +497,7 @@ async function main() {
     process.exitCode = 1;
   } finally {
     await api.delete(`${base}/api/v1/buses/${bus}/rules/${rule}`, { headers: auth }).catch(() => {});
+    if (fnUploaded) await api.delete(`${base}/api/v1/functions/${fn}`, { headers: auth }).catch(() => {});
     await api.delete(`${base}/api/v1/sources/${mqSource}`, { headers: auth }).catch(() => {});
     await api.delete(`${base}/api/v1/buses/${bus}`, { headers: auth }).catch(() => {});
     await browser.close();
