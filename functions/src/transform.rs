@@ -7,6 +7,10 @@
 //!   must come last, unless they carry `"into": "data"`, in which case their result becomes
 //!   the event's data and the chain goes on.
 //!
+//! - a function step (`{"wasm": "name"}`) hands the event to a user function the caller
+//!   runs ([`FunctionHost`]); it may return no event (the event is dropped), one, or several
+//!   (the steps after it run on each, in order).
+//!
 //! JSONPath expressions and templates read the event in CloudEvents structured JSON form
 //! (attributes plus `data`, with a JSON payload parsed). Everything is compiled up front;
 //! applying a chain never panics and reports a failure as that event's error.
@@ -52,6 +56,13 @@ pub enum TransformError {
 #[derive(Debug, Clone)]
 pub struct TransformChain {
     steps: Vec<Step>,
+}
+
+/// Runs the user functions a chain names (`{"wasm": "name"}` steps): the gateway's
+/// WebAssembly runtime, or a test's stand-in. The event goes in; the events it returns,
+/// already checked as CloudEvents, come out.
+pub trait FunctionHost {
+    fn call(&self, name: &str, event: &Event) -> Result<Vec<Event>, String>;
 }
 
 #[derive(Debug, Clone)]
@@ -228,6 +239,8 @@ enum Step {
     SetAttributes(Vec<(String, Source)>),
     RemoveAttributes(Vec<String>),
     RenameAttributes(Vec<(String, String)>),
+    /// A user function, by name.
+    Function(String),
     MapData {
         fields: Vec<(Vec<String>, Source)>,
         keep: bool,
@@ -246,6 +259,7 @@ impl Step {
             Step::RemoveAttributes(_) => "REMOVE_ATTRIBUTES",
             Step::RenameAttributes(_) => "RENAME_ATTRIBUTES",
             Step::MapData { .. } => "MAP_DATA",
+            Step::Function(_) => "WASM",
         }
     }
 
@@ -295,7 +309,70 @@ impl TransformChain {
         Ok(TransformChain { steps })
     }
 
-    /// Applies the chain to one event.
+    /// The user functions the chain calls, in order (a name may repeat).
+    pub fn functions(&self) -> impl Iterator<Item = &str> {
+        self.steps.iter().filter_map(|s| match s {
+            Step::Function(name) => Some(name.as_str()),
+            _ => None,
+        })
+    }
+
+    /// Whether the chain calls a user function (and so must be applied with
+    /// [`TransformChain::apply_all`]).
+    pub fn calls_functions(&self) -> bool {
+        self.functions().next().is_some()
+    }
+
+    /// Applies the chain to one event, user functions included: every output, in order
+    /// (none when a function dropped the event, several when one fanned it out).
+    pub fn apply_all(
+        &self,
+        event: &Event,
+        host: &dyn FunctionHost,
+    ) -> Result<Vec<Output>, TransformError> {
+        let mut out = Vec::new();
+        self.apply_from(0, event, event, host, &mut out)?;
+        Ok(out)
+    }
+
+    fn apply_from(
+        &self,
+        start: usize,
+        input: &Event,
+        event: &Event,
+        host: &dyn FunctionHost,
+        out: &mut Vec<Output>,
+    ) -> Result<(), TransformError> {
+        let mut current: Option<Event> = None;
+        for (i, step) in self.steps.iter().enumerate().skip(start) {
+            let fail = |message: String| TransformError::Apply {
+                step: i,
+                form: step.form(),
+                event_id: input.id().to_owned(),
+                message,
+            };
+            let now = current.as_ref().unwrap_or(event);
+            if let Step::Function(name) = step {
+                for next in host.call(name, now).map_err(fail)? {
+                    self.apply_from(i + 1, input, &next, host, out)?;
+                }
+                return Ok(());
+            }
+            match apply_step(step, now).map_err(fail)? {
+                None => {}
+                Some(Output::Event(next)) => current = Some(next),
+                Some(body) => {
+                    out.push(body);
+                    return Ok(());
+                }
+            }
+        }
+        out.push(Output::Event(current.unwrap_or_else(|| event.clone())));
+        Ok(())
+    }
+
+    /// Applies the chain to one event. A chain that calls user functions needs
+    /// [`TransformChain::apply_all`]: here its first function step fails.
     pub fn apply(&self, event: &Event) -> Result<Output, TransformError> {
         // `None`: still the input event, not cloned until a step changes it.
         let mut current: Option<Event> = None;
@@ -320,10 +397,24 @@ fn compile_step(v: &Value) -> Result<Step, String> {
     let Value::Object(obj) = v else {
         return Err("a step must be an object with a `form`".into());
     };
+    if let Some(name) = obj.get("wasm") {
+        if let Some(k) = obj.keys().find(|k| *k != "wasm") {
+            return Err(format!(
+                "unknown field `{k}` in a function step (it only takes `wasm`)"
+            ));
+        }
+        let name = name
+            .as_str()
+            .ok_or("`wasm` must be the name of a function")?;
+        if name.is_empty() {
+            return Err("`wasm` must be the name of a function".into());
+        }
+        return Ok(Step::Function(name.to_owned()));
+    }
     let form = obj
         .get("form")
         .and_then(Value::as_str)
-        .ok_or("a step needs a string `form`")?;
+        .ok_or("a step needs a string `form` (or `wasm` naming a function)")?;
     let allowed: &[&str] = match form {
         "ORIGINAL" => &[],
         "CONSTANT" | "JSONPATH" => &["value", "into"],
@@ -497,7 +588,9 @@ fn dotted(path: &str) -> Result<Vec<String>, String> {
 }
 
 /// The event in structured JSON form, with a JSON payload parsed into `data`.
-pub(crate) fn structured(event: &Event) -> Result<Value, String> {
+/// The event in CloudEvents structured JSON form, with JSON data (also JSON held as text
+/// or bytes) in place as `data`: what JSONPaths, templates and user functions read.
+pub fn structured(event: &Event) -> Result<Value, String> {
     let mut v = serde_json::to_value(event).map_err(|e| format!("cannot serialize event: {e}"))?;
     // A JSON payload is already in place; a string or binary one that holds JSON is parsed.
     if matches!(event.data(), Some(Data::String(_) | Data::Binary(_))) {
@@ -532,6 +625,7 @@ fn with_json_data(event: &Event, value: Value) -> Event {
 fn apply_step(step: &Step, event: &Event) -> Result<Option<Output>, String> {
     match step {
         Step::Original => Ok(None),
+
         other => apply_step_inner(other, event).map(Some),
     }
 }
@@ -539,6 +633,9 @@ fn apply_step(step: &Step, event: &Event) -> Result<Option<Output>, String> {
 fn apply_step_inner(step: &Step, event: &Event) -> Result<Output, String> {
     match step {
         Step::Original => Ok(Output::Event(event.clone())),
+        Step::Function(name) => Err(format!(
+            "function `{name}` needs the gateway's function runtime"
+        )),
         Step::Constant { value, into_data } => Ok(if *into_data {
             Output::Event(with_json_data(event, value.clone()))
         } else {
