@@ -30,6 +30,12 @@ pub struct BusModeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FunctionLabels {
+    pub function: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ShardLabels {
     pub bus: String,
     pub shard: String,
@@ -197,6 +203,9 @@ pub struct Metrics {
     /// Appends refused because fewer Redis replicas than `cluster.min_replicas` confirmed
     /// them in time (`cluster.redis_durability = "replicated"`).
     pub replication_shortfall: Counter,
+    /// Calls of WebAssembly functions, by function and outcome (`ok`, `error`, `trap`,
+    /// `timeout`, `memory`, `invalid_output`).
+    pub function_calls: Family<FunctionLabels, Counter>,
 }
 
 static METRICS: OnceLock<Metrics> = OnceLock::new();
@@ -405,6 +414,12 @@ impl Metrics {
             "Appends refused with 503 because fewer Redis replicas than cluster.min_replicas confirmed them within cluster.replication_timeout",
             replication_shortfall.clone(),
         );
+        let function_calls = Family::default();
+        r.register(
+            "function_calls",
+            "Calls of WebAssembly functions, by function and outcome (ok, error, trap, timeout, memory, invalid_output)",
+            function_calls.clone(),
+        );
         Metrics {
             registry: root,
             ingress_requests,
@@ -437,7 +452,18 @@ impl Metrics {
             dedup_compactions,
             dedup_evicted,
             replication_shortfall,
+            function_calls,
         }
+    }
+
+    /// Counts one call of a WebAssembly function.
+    pub fn function_call(&self, function: &str, outcome: &str) {
+        self.function_calls
+            .get_or_create(&FunctionLabels {
+                function: function.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
     }
 
     /// The OpenMetrics text exposition of every metric.
