@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-pub use crate::config::{bus_key, rule_key, source_key, webhook_key};
+pub use crate::config::{bus_key, function_key, rule_key, source_key, webhook_key};
 use crate::config::{Channels, Invalid, Kind};
 pub use crate::store::catalog::{CatalogStore, Drift, FileCatalog, Head, Stored};
 pub use crate::store::redis::RedisCatalog;
@@ -98,6 +98,9 @@ impl Snapshot {
         for hook in &channels.webhooks {
             add(webhook_key(hook.name.get_ref()), hook);
         }
+        for function in &channels.functions {
+            add(function_key(&function.name), function);
+        }
         all
     }
 }
@@ -153,6 +156,11 @@ impl Catalog {
             store,
             seen: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Where the catalog (and the functions' components) is kept.
+    pub fn store(&self) -> Arc<dyn CatalogStore> {
+        self.store.clone()
     }
 
     fn saw(&self, version: u64) {

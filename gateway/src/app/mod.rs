@@ -110,7 +110,14 @@ async fn run_until(mut config: Config, mut stop: watch::Receiver<bool>) -> Resul
     // not up yet.
     // Moved out of the configuration: from here on the catalog is what runs, and with
     // thousands of rules the file's copy would only take memory.
-    let file = config.take_channels();
+    let mut file = config.take_channels();
+    crate::wasm::registry().configure(&data_path, config.limits.max_event_bytes);
+    // The file's functions name their components by path: stored by hash, named by hash.
+    for function in &mut file.functions {
+        crate::wasm::resolve_path(function, &config.base_dir, catalog.store().as_ref())
+            .await
+            .map_err(StartError::Config)?;
+    }
     let snapshot = loop {
         match seed(&catalog, &file).await {
             Ok(snapshot) => break snapshot,
@@ -131,6 +138,7 @@ async fn run_until(mut config: Config, mut stop: watch::Receiver<bool>) -> Resul
         }
     };
     drop(file);
+    crate::wasm::registry().sync(&snapshot.channels.functions, catalog.store());
     // One resource this replica cannot build fails alone: the rest starts.
     let opened = logs.open(&snapshot.channels).await;
     let plan = build_plan(&config, &snapshot.channels, snapshot.version, opened);

@@ -512,6 +512,7 @@ pub(super) async fn follow_catalog(
                 continue;
             }
         };
+        crate::wasm::registry().sync(&snapshot.channels.functions, catalog.store());
         // Every version runs: what cannot be built here fails alone. Tried again, the
         // plan is made anew only once something that failed builds (making it builds
         // every target again).

@@ -19,6 +19,7 @@ pub enum Kind {
     Rule,
     Source,
     Webhook,
+    Function,
 }
 
 /// A resource that does not pass the checks: which one (its kind and index among the
@@ -58,6 +59,9 @@ pub struct Channels {
     /// file's own `[[webhooks]]` stay with the replica that reads it.)
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub webhooks: Vec<crate::ingress::webhooks::config::WebhookConfig>,
+    /// WebAssembly functions that transform chains call (`{ wasm = "name" }`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub functions: Vec<crate::wasm::FunctionConfig>,
 }
 
 impl Channels {
@@ -66,6 +70,22 @@ impl Channels {
     /// transforms and targets compile. The error names the resource and, as a JSON
     /// pointer inside it, the field at fault.
     pub fn check(&self) -> Result<(), Invalid> {
+        let mut functions = HashSet::new();
+        for (index, function) in self.functions.iter().enumerate() {
+            let name = function.name.as_str();
+            let bad = |pointer: &str, message: String| {
+                Invalid::new(
+                    Kind::Function,
+                    index,
+                    pointer,
+                    format!("function `{name}`: {message}"),
+                )
+            };
+            function.check().map_err(|(pointer, m)| bad(pointer, m))?;
+            if !functions.insert(name) {
+                return Err(bad("/name", "is defined twice".to_string()));
+            }
+        }
         let mut buses = HashSet::new();
         for (index, bus) in self.buses.iter().enumerate() {
             let name = bus.name.get_ref();
@@ -161,12 +181,24 @@ impl Channels {
                     ));
                 }
                 if let Some(spec) = target.transform() {
-                    crate::rules::compile_transform(spec).map_err(|m| {
+                    let chain = crate::rules::compile_transform(spec).map_err(|m| {
                         bad(
                             &at("/transform"),
                             format!("rule `{name}`, target `{target_name}`: {m}"),
                         )
                     })?;
+                    let missing = chain
+                        .functions()
+                        .find(|f| !self.functions.iter().any(|d| d.name == *f))
+                        .map(str::to_string);
+                    if let Some(f) = missing {
+                        return Err(bad(
+                            &at("/transform"),
+                            format!(
+                                "rule `{name}`, target `{target_name}`: function `{f}` is not defined (add it to `functions`)"
+                            ),
+                        ));
+                    }
                 }
                 if let TargetConfig::File(file) = target {
                     if file.path.trim().is_empty() {
@@ -324,6 +356,10 @@ pub fn source_key(name: &str) -> String {
 
 pub fn webhook_key(name: &str) -> String {
     format!("webhook/{name}")
+}
+
+pub fn function_key(name: &str) -> String {
+    format!("function/{name}")
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -15,7 +15,8 @@ mod channels;
 mod locate;
 
 pub use channels::{
-    bus_key, rule_key, source_key, webhook_key, BusConfig, Channels, Invalid, Kind, RuleConfig,
+    bus_key, function_key, rule_key, source_key, webhook_key, BusConfig, Channels, Invalid, Kind,
+    RuleConfig,
 };
 pub use locate::from_json;
 use locate::{find_line, key_line, line_of, nested};
@@ -109,6 +110,10 @@ pub struct Config {
     /// file: their secrets are not shared through the cluster store.
     #[serde(default)]
     pub webhooks: Vec<crate::ingress::webhooks::config::WebhookConfig>,
+    /// WebAssembly functions (`path` relative to this file): stored by hash at start, they
+    /// seed the catalog like buses and rules.
+    #[serde(default)]
+    pub functions: Vec<crate::wasm::FunctionConfig>,
     /// JSON Schemas of event data, per (bus, type) or by `dataschema`; files relative to
     /// this configuration file. Each replica takes them from its own file.
     #[serde(default)]
@@ -559,6 +564,7 @@ impl Config {
                 Kind::Source => Some(find_line(text, "[[sources]]")),
                 // The file's webhook sources are checked below, not as channels.
                 Kind::Webhook => None,
+                Kind::Function => Some(find_line(text, "[[functions]]")),
             };
             ConfigError::Invalid {
                 path: path.to_path_buf(),
@@ -757,6 +763,7 @@ impl Config {
             rules: std::mem::take(&mut self.rules),
             sources: std::mem::take(&mut self.sources),
             webhooks: Vec::new(),
+            functions: std::mem::take(&mut self.functions),
         }
     }
 
@@ -766,6 +773,7 @@ impl Config {
             rules: self.rules.clone(),
             sources: self.sources.clone(),
             webhooks: Vec::new(),
+            functions: self.functions.clone(),
         }
     }
 

@@ -86,6 +86,11 @@ pub trait CatalogStore: Send + Sync {
     async fn store(&self, expected: Head, next: &Stored) -> Result<Result<(), Head>, StoreError>;
     /// Moves whenever the catalog may have changed (and on other cluster notices).
     fn changes(&self) -> watch::Receiver<u64>;
+    /// Keeps a function's component by its SHA-256 (hex), before a catalog version names
+    /// it. Content-addressed: storing the same bytes again changes nothing.
+    async fn put_component(&self, sha256: &str, bytes: &[u8]) -> Result<(), StoreError>;
+    /// A function's component by its SHA-256.
+    async fn component(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError>;
 }
 
 /// The catalog in the data directory (standalone): `catalog.json`, replaced atomically
@@ -193,8 +198,53 @@ impl FileCatalog {
     }
 }
 
+impl FileCatalog {
+    /// Where components are kept: `functions/{sha256}.wasm` beside `catalog.json`.
+    fn component_path(&self, sha256: &str) -> Option<PathBuf> {
+        let dir = self.path.parent()?.join("functions");
+        Some(dir.join(format!("{sha256}.wasm")))
+    }
+}
+
 #[async_trait]
 impl CatalogStore for FileCatalog {
+    async fn put_component(&self, sha256: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        let path = self
+            .component_path(sha256)
+            .ok_or_else(|| StoreError::Unavailable("the catalog has no directory".into()))?;
+        if tokio::fs::try_exists(&path).await.unwrap_or(false) {
+            return Ok(());
+        }
+        let bytes = bytes.to_vec();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let tmp = path.with_extension("wasm.tmp");
+            {
+                use std::io::Write as _;
+                let mut f = std::fs::File::create(&tmp)?;
+                f.write_all(&bytes)?;
+                f.sync_all()?;
+            }
+            std::fs::rename(&tmp, &path)
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("component: {e}")))?
+        .map_err(|e| StoreError::io("cannot store a function's component", &e))
+    }
+
+    async fn component(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some(path) = self.component_path(sha256) else {
+            return Ok(None);
+        };
+        match tokio::fs::read(&path).await {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StoreError::io("cannot read a function's component", &e)),
+        }
+    }
+
     async fn load(&self) -> Result<Option<Stored>, StoreError> {
         let path = self.path.clone();
         tokio::task::spawn_blocking(move || FileCatalog::read(&path))

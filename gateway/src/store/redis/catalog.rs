@@ -46,6 +46,28 @@ impl CatalogStore for RedisCatalog {
     fn changes(&self) -> watch::Receiver<u64> {
         self.cluster.notices()
     }
+
+    async fn put_component(&self, sha256: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        let key = self.cluster.redis().key(&["component", sha256]);
+        let _: bool = self
+            .cluster
+            .redis()
+            .conn()
+            .set_nx(key, bytes)
+            .await
+            .map_err(|e| redis_error("store a function's component", &e))?;
+        Ok(())
+    }
+
+    async fn component(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = self.cluster.redis().key(&["component", sha256]);
+        self.cluster
+            .redis()
+            .conn()
+            .get(key)
+            .await
+            .map_err(|e| redis_error("read a function's component", &e))
+    }
 }
 
 impl RedisCluster {
