@@ -315,6 +315,20 @@ impl Delivery {
         )
     }
 
+    /// An event its transform chain refused (a user function's error, trap, time or
+    /// memory limit, or invalid output): dead-lettered with the reason, never retried
+    /// (it would fail the same way). Without a dead-letter destination it is logged and
+    /// skipped, as other transform failures are.
+    pub async fn reject(&self, event: &Envelope, reason: &str) {
+        self.metrics.failed.inc();
+        if self.dead_letter.is_none() {
+            tracing::error!(subscription = %self.subscription, reason, "the transform refused the event and no dead_letter is configured: skipping it");
+            return;
+        }
+        self.dead_letter(event, &TargetError::fatal(reason), 0)
+            .await;
+    }
+
     /// Sends the event to the dead-letter destination, retrying that until it succeeds. With
     /// no destination configured the event stays pending: it is retried at the longest
     /// backoff, loudly, rather than dropped.

@@ -15,7 +15,7 @@ use crate::event;
 use crate::store::cluster::{task_id, Control};
 use crate::store::Seq;
 use crate::targets::{Body, Envelope};
-use sluice_functions::Output;
+use sluice_functions::{Output, TransformChain};
 
 /// Most events a lane may have queued before it leaves the shared path (in batches of the
 /// delivery batch size).
@@ -201,23 +201,47 @@ pub(super) fn prepare(
         tracing::error!(subscription = %sub.id, shard, seq, "the event does not decode, so it cannot be transformed; skipping it");
         return None;
     };
-    match chain.apply(event) {
-        Ok(Output::Event(transformed)) => match event::encode(&transformed) {
-            Ok(raw) => Some(Envelope {
+    if chain.calls_functions() {
+        // User functions run on the lane's task, on a blocking thread (`run_functions`),
+        // never here on the shard's reader.
+        return Some(Envelope {
+            raw: payload.clone(),
+            accepted_ms,
+            event: Some(event.clone()),
+            body: None,
+        });
+    }
+    let output = chain.apply(event).map_err(|e| e.to_string());
+    match output.and_then(|o| output_envelope(o, payload, accepted_ms, event)) {
+        Ok(envelope) => Some(envelope),
+        Err(e) => {
+            tracing::error!(subscription = %sub.id, shard, seq, error = %e, "the transform failed on this event; skipping it");
+            None
+        }
+    }
+}
+
+/// What a subscription delivers for one output of its chain.
+fn output_envelope(
+    output: Output,
+    payload: &Bytes,
+    accepted_ms: u64,
+    event: &Event,
+) -> Result<Envelope, String> {
+    match output {
+        Output::Event(transformed) => match event::encode(&transformed) {
+            Ok(raw) => Ok(Envelope {
                 raw: raw.into(),
                 accepted_ms,
                 event: Some(transformed),
                 body: None,
             }),
-            Err(e) => {
-                tracing::error!(subscription = %sub.id, shard, seq, error = %e, "cannot encode a transformed event; skipping it");
-                None
-            }
+            Err(e) => Err(format!("cannot encode a transformed event: {e}")),
         },
-        Ok(Output::Body {
+        Output::Body {
             content_type,
             bytes,
-        }) => Some(Envelope {
+        } => Ok(Envelope {
             raw: payload.clone(),
             accepted_ms,
             event: Some(event.clone()),
@@ -226,11 +250,40 @@ pub(super) fn prepare(
                 bytes: bytes.into(),
             }),
         }),
-        Err(e) => {
-            tracing::error!(subscription = %sub.id, shard, seq, error = %e, "the transform failed on this event; skipping it");
-            None
+    }
+}
+
+/// A chain that calls user functions, applied to envelopes holding the stored events (see
+/// `prepare`): the envelopes to deliver (none for an event a function dropped, several
+/// for one it fanned out, in order) and the events the chain refused, with why. Blocks for
+/// as long as the functions run: call it on a blocking thread.
+pub(super) fn run_functions(
+    chain: &TransformChain,
+    envelopes: Vec<Envelope>,
+) -> (Vec<Envelope>, Vec<(Envelope, String)>) {
+    let host = crate::wasm::Host::default();
+    let mut ready = Vec::with_capacity(envelopes.len());
+    let mut refused = Vec::new();
+    for envelope in envelopes {
+        let Some(event) = envelope.event.as_ref() else {
+            refused.push((envelope, "the stored event does not decode".to_string()));
+            continue;
+        };
+        let made = chain
+            .apply_all(event, &host)
+            .map_err(|e| e.to_string())
+            .and_then(|outputs| {
+                outputs
+                    .into_iter()
+                    .map(|o| output_envelope(o, &envelope.raw, envelope.accepted_ms, event))
+                    .collect::<Result<Vec<_>, _>>()
+            });
+        match made {
+            Ok(made) => ready.extend(made),
+            Err(why) => refused.push((envelope, why)),
         }
     }
+    (ready, refused)
 }
 
 /// What an envelope holds in memory: the stored form, the decoded event when it holds one,

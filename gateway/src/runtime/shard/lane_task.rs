@@ -456,6 +456,64 @@ impl LaneTask {
         if events.is_empty() {
             return true;
         }
+        if let Some(chain) = self
+            .lane
+            .sub
+            .transform
+            .as_ref()
+            .filter(|c| c.calls_functions())
+        {
+            return self.deliver_through_functions(chain, events, epoch).await;
+        }
+        self.deliver_envelopes(events, epoch).await
+    }
+
+    /// Runs the chain's user functions on a blocking thread (a function may take its whole
+    /// time limit; the reader and the other lanes go on), dead-letters the events the
+    /// chain refused, and delivers what it made. Waits first until every function it
+    /// calls is loaded on this replica.
+    async fn deliver_through_functions(
+        &self,
+        chain: &sluice_functions::TransformChain,
+        events: &[Envelope],
+        epoch: u64,
+    ) -> bool {
+        let registry = crate::wasm::registry();
+        let names: Vec<&str> = chain.functions().collect();
+        match registry.ready(&names, self.shared.stop.clone()).await {
+            Ok(true) => {}
+            Ok(false) => return false,
+            Err(why) => {
+                tracing::error!(lane = %self.lane.id, error = %why, "the lane waits for its functions");
+                let mut stop = self.shared.stop.clone();
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(2)) => {}
+                    _ = stop.changed() => {}
+                }
+                return false;
+            }
+        }
+        let run = chain.clone();
+        let input = events.to_vec();
+        let (ready, refused) = match tokio::task::spawn_blocking(move || run_functions(&run, input))
+            .await
+        {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::error!(lane = %self.lane.id, error = %e, "running the functions failed; retrying the batch");
+                return false;
+            }
+        };
+        for (envelope, why) in &refused {
+            self.lane.sub.delivery.reject(envelope, why).await;
+        }
+        self.deliver_envelopes(&ready, epoch).await
+    }
+
+    async fn deliver_envelopes(&self, events: &[Envelope], epoch: u64) -> bool {
+        if events.is_empty() {
+            return true;
+        }
         if !self.shared.leased() {
             return false;
         }
