@@ -126,17 +126,30 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> anyhow::Result<Value> {
+        let body = match body {
+            // The admin API reads JSON (files in TOML or YAML are converted here); only a
+            // function's component goes up as is.
+            Some(body) => Some(("application/json", serde_json::to_vec(body)?)),
+            None => None,
+        };
+        self.send(method, path, body).await
+    }
+
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> anyhow::Result<Value> {
         let url = format!("{}{path}", self.server.trim_end_matches('/'));
         let mut request = self.http.request(method, &url);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
-        if let Some(body) = body {
-            // The admin API reads JSON only (files in TOML or YAML are converted here), and
-            // refuses a body of any other type.
+        if let Some((content_type, bytes)) = body {
             request = request
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(serde_json::to_vec(body)?);
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(bytes);
         }
         let response = request
             .send()
@@ -198,7 +211,14 @@ fn resources(path: &Path) -> anyhow::Result<Value> {
     let all = knative_documents(vec![all]);
     let mut out = serde_json::Map::new();
     // `triggers`: Knative Triggers, made rules by the gateway (it knows the brokers' buses).
-    for key in ["buses", "rules", "sources", "webhooks", "triggers"] {
+    for key in [
+        "buses",
+        "rules",
+        "sources",
+        "webhooks",
+        "functions",
+        "triggers",
+    ] {
         if let Some(v) = all.get(key) {
             out.insert(key.to_string(), v.clone());
         }
@@ -239,6 +259,70 @@ fn knative_documents(docs: Vec<Value>) -> Value {
     Value::Object(out)
 }
 
+/// Uploads the components of the file's functions that name a `path` (relative to the
+/// file), each with its limits (`PUT /api/v1/functions/{name}`), and names them by hash in
+/// the body. A dry run uploads nothing: those functions are left out of it, and said so.
+async fn upload_functions(
+    client: &Client,
+    body: &mut Value,
+    base: &Path,
+    dry_run: bool,
+) -> anyhow::Result<()> {
+    let Some(Value::Array(functions)) = body.get_mut("functions") else {
+        return Ok(());
+    };
+    let mut kept = Vec::new();
+    for mut f in std::mem::take(functions) {
+        let name = f["name"].as_str().unwrap_or("").to_string();
+        let Some(path) = f.get("path").and_then(Value::as_str).map(PathBuf::from) else {
+            kept.push(f);
+            continue;
+        };
+        let full = base.join(&path);
+        let bytes = std::fs::read(&full)
+            .with_context(|| format!("function `{name}`: cannot read {}", full.display()))?;
+        if dry_run {
+            println!(
+                "function/{name}: {} ({} bytes, SHA-256 {}) is uploaded by a real apply; not part of this dry run",
+                full.display(),
+                bytes.len(),
+                sluice::wasm::sha256_hex(&bytes)
+            );
+            continue;
+        }
+        let mut query = Vec::new();
+        for limit in [
+            "timeout",
+            "max_memory_bytes",
+            "max_events",
+            "max_output_bytes",
+        ] {
+            match f.get(limit) {
+                Some(Value::String(s)) => query.push(format!("{limit}={s}")),
+                Some(Value::Number(n)) => query.push(format!("{limit}={n}")),
+                _ => {}
+            }
+        }
+        let path = format!("/api/v1/functions/{name}?{}", query.join("&"));
+        let answer = client
+            .send(
+                reqwest::Method::PUT,
+                &path,
+                Some(("application/wasm", bytes)),
+            )
+            .await
+            .with_context(|| format!("function `{name}`: upload of {}", full.display()))?;
+        if let Some(obj) = f.as_object_mut() {
+            obj.remove("path");
+            obj.insert("sha256".into(), answer["sha256"].clone());
+            obj.insert("size".into(), answer["size"].clone());
+        }
+        kept.push(f);
+    }
+    *functions = kept;
+    Ok(())
+}
+
 fn resource_path(kind: &str, name: Option<&str>) -> anyhow::Result<String> {
     let need = || name.context(format!("`{kind}` needs a name"));
     Ok(match kind {
@@ -253,12 +337,14 @@ fn resource_path(kind: &str, name: Option<&str>) -> anyhow::Result<String> {
         "source" => format!("/api/v1/sources/{}", need()?),
         "webhooks" => "/api/v1/webhooks".to_string(),
         "webhook" => format!("/api/v1/webhooks/{}", need()?),
+        "functions" => "/api/v1/functions".to_string(),
+        "function" => format!("/api/v1/functions/{}", need()?),
         "connectors" => "/api/v1/connectors".to_string(),
         "connector" => format!("/api/v1/connectors/{}", need()?),
         "cluster" => "/api/v1/cluster".to_string(),
         "catalog" => "/api/v1/catalog".to_string(),
         other => bail!(
-            "unknown kind `{other}` (buses, bus, rules, rule, sources, source, webhooks, webhook, connectors, connector, cluster, catalog)"
+            "unknown kind `{other}` (buses, bus, rules, rule, sources, source, webhooks, webhook, functions, function, connectors, connector, cluster, catalog)"
         ),
     })
 }
@@ -294,7 +380,9 @@ async fn run_async(ctl: Ctl) -> anyhow::Result<()> {
             prune,
             dry_run,
         } => {
-            let body = resources(&file)?;
+            let mut body = resources(&file)?;
+            let base = file.parent().unwrap_or(Path::new("."));
+            upload_functions(&client, &mut body, base, dry_run).await?;
             let path = format!("/api/v1/catalog/apply?prune={prune}&dry_run={dry_run}");
             let answer = client.call(Method::POST, &path, Some(&body)).await?;
             for r in answer["resources"].as_array().into_iter().flatten() {
@@ -337,8 +425,11 @@ async fn run_async(ctl: Ctl) -> anyhow::Result<()> {
             }
         }
         CtlCommand::Delete { kind, name } => {
-            if !matches!(kind.as_str(), "bus" | "rule" | "source" | "webhook") {
-                bail!("delete takes `bus NAME`, `rule BUS/NAME`, `source NAME` or `webhook NAME`");
+            if !matches!(
+                kind.as_str(),
+                "bus" | "rule" | "source" | "webhook" | "function"
+            ) {
+                bail!("delete takes `bus NAME`, `rule BUS/NAME`, `source NAME`, `webhook NAME` or `function NAME`");
             }
             client
                 .call(Method::DELETE, &resource_path(&kind, Some(&name))?, None)

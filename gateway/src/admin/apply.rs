@@ -64,6 +64,34 @@ pub(super) async fn apply(
         Ok(c) => c,
         Err(p) => return p.into_response(),
     };
+    // Functions name components already stored (`sluice ctl apply` uploads the files a
+    // `path` names first, and sends their hashes).
+    for (i, f) in file.functions.iter().enumerate() {
+        let Some(sha) = &f.sha256 else {
+            return Problem::invalid_resource(
+                &format!("/functions/{i}/path"),
+                format!(
+                    "function `{}`: upload the component first (PUT /api/v1/functions/{}, or `sluice ctl apply`, which uploads `path`) and name it by `sha256`",
+                    f.name, f.name
+                ),
+            )
+            .into_response();
+        };
+        match state.catalog.store().component(sha).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return Problem::invalid_resource(
+                    &format!("/functions/{i}/sha256"),
+                    format!(
+                        "function `{}`: no component with SHA-256 {sha} was uploaded",
+                        f.name
+                    ),
+                )
+                .into_response()
+            }
+            Err(e) => return store_problem(&e).into_response(),
+        }
+    }
     // The body's resources are the ones this replica must be able to build; its buses,
     // the ones whose logs the store may still hold with another shard count.
     let keys = crate::admission::keys_of(&file);
@@ -153,6 +181,13 @@ pub(super) fn applied_invalid(
                 .map(|h| catalog::webhook_key(h.name.get_ref()))
                 .collect(),
         ),
+        Kind::Function => (
+            "functions",
+            body.functions
+                .iter()
+                .map(|f| catalog::function_key(&f.name))
+                .collect(),
+        ),
     };
     let pointer = match keys.iter().position(|k| *k == at) {
         Some(i) => format!("/{list}/{i}{}", invalid.pointer),
@@ -188,6 +223,9 @@ pub(super) fn merge(current: &Channels, file: &Channels, prune: bool) -> (Channe
     });
     upsert(&mut next.webhooks, &file.webhooks, |a, b| {
         a.name.get_ref() == b.name.get_ref()
+    });
+    upsert(&mut next.functions, &file.functions, |a, b| {
+        a.name == b.name
     });
     for (key, json) in &wanted {
         let result = match before.get(key) {

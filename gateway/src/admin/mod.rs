@@ -29,6 +29,7 @@ pub mod connectors;
 pub mod console;
 pub mod eventbridge;
 pub mod events;
+pub mod functions;
 pub mod guard;
 pub mod replays;
 pub mod resources;
@@ -140,6 +141,20 @@ pub fn routes(state: Arc<AdminState>) -> Router {
             post(redeliver),
         )
         .route("/api/v1/rules/test", post(test_rule))
+        .route("/api/v1/functions", get(functions::list_functions))
+        .route(
+            "/api/v1/functions/{name}",
+            get(functions::get_function)
+                .put(functions::put_function)
+                .delete(functions::delete_function)
+                .layer(axum::extract::DefaultBodyLimit::max(
+                    crate::wasm::MAX_COMPONENT_BYTES,
+                )),
+        )
+        .route(
+            "/api/v1/functions/{name}/component",
+            get(functions::get_component),
+        )
         .merge(actions::routes())
         .merge(eventbridge::routes())
         .with_state(state.clone())

@@ -98,6 +98,7 @@ pub(super) async fn get_catalog(State(state): State<Arc<AdminState>>) -> Respons
             "rules": s.channels.rules.iter().map(|r| rule_view(&s, r)).collect::<Vec<_>>(),
             "sources": s.channels.sources.iter().map(|r| source_view(&s, r)).collect::<Vec<_>>(),
             "webhooks": s.channels.webhooks.iter().map(|h| webhook_view(&s, h)).collect::<Vec<_>>(),
+            "functions": s.channels.functions.iter().map(|f| function_view(&s, f)).collect::<Vec<_>>(),
         }))
         .into_response(),
         Err(p) => p.into_response(),
@@ -405,6 +406,10 @@ pub(super) fn key_of(channels: &Channels, kind: Kind, index: usize) -> Option<St
             .webhooks
             .get(index)
             .map(|h| catalog::webhook_key(h.name.get_ref())),
+        Kind::Function => channels
+            .functions
+            .get(index)
+            .map(|f| catalog::function_key(&f.name)),
     }
 }
 
@@ -519,6 +524,49 @@ pub(super) fn webhook_addressed(name: &str) -> Addressed<WebhookConfig> {
         list: webhooks_of,
         list_mut: webhooks_mut,
         view: webhook_view,
+    }
+}
+
+pub(super) fn functions_of(c: &Channels) -> &Vec<crate::wasm::FunctionConfig> {
+    &c.functions
+}
+pub(super) fn functions_mut(c: &mut Channels) -> &mut Vec<crate::wasm::FunctionConfig> {
+    &mut c.functions
+}
+
+pub(super) fn no_function(name: &str) -> Problem {
+    Problem::unknown(format!("no function `{name}`")).with_field("name")
+}
+
+/// A function as the API shows it: its settings, version, and what this replica runs of
+/// it (`running`: the SHA-256 of the version calls use; `error`: why the catalog's
+/// version cannot be loaded here).
+pub(super) fn function_view(snapshot: &Snapshot, f: &crate::wasm::FunctionConfig) -> Value {
+    let mut value = view(f, snapshot.version_of(&catalog::function_key(&f.name)));
+    if let Value::Object(map) = &mut value {
+        let loaded = crate::wasm::registry().loaded();
+        map.insert(
+            "loaded".to_string(),
+            serde_json::to_value(loaded.get(&f.name)).unwrap_or(Value::Null),
+        );
+        map.insert(
+            "component".to_string(),
+            json!(format!("/api/v1/functions/{}/component", f.name)),
+        );
+    }
+    value
+}
+
+pub(super) fn function_addressed(name: &str) -> Addressed<crate::wasm::FunctionConfig> {
+    Addressed {
+        kind: Kind::Function,
+        key: catalog::function_key(name),
+        what: format!("function `{name}`"),
+        location: format!("/api/v1/functions/{name}"),
+        missing: no_function(name),
+        list: functions_of,
+        list_mut: functions_mut,
+        view: function_view,
     }
 }
 

@@ -95,8 +95,22 @@ pub(super) async fn test_rule(
             Value::Array(steps) => steps.clone(),
             one => vec![one.clone()],
         };
-        if let Err(e) = sluice_functions::TransformChain::compile(transform) {
-            return Problem::invalid_resource("/transform", e.to_string()).into_response();
+        let chain = match sluice_functions::TransformChain::compile(transform) {
+            Ok(chain) => chain,
+            Err(e) => {
+                return Problem::invalid_resource("/transform", e.to_string()).into_response()
+            }
+        };
+        if chain.calls_functions() {
+            return match with_functions(&state, chain, &event_bytes).await {
+                Ok(more) => {
+                    if let (Value::Object(a), Value::Object(more)) = (&mut answer, more) {
+                        a.extend(more);
+                    }
+                    Json(answer).into_response()
+                }
+                Err(p) => p.into_response(),
+            };
         }
         let mut current = event_bytes.clone();
         let mut outputs = Vec::new();
@@ -124,6 +138,82 @@ pub(super) async fn test_rule(
         answer["steps"] = Value::Array(outputs);
     }
     Json(answer).into_response()
+}
+
+/// A chain that calls functions, run whole as a target's lane runs it (on a blocking
+/// thread, with the functions this replica has loaded): every event it makes
+/// (`outputs`), and each function call with the events it returned or its error
+/// (`functions`).
+async fn with_functions(
+    state: &AdminState,
+    chain: sluice_functions::TransformChain,
+    event_bytes: &[u8],
+) -> Result<Value, Problem> {
+    let snapshot = snapshot_of(state).await?;
+    if let Some(missing) = chain
+        .functions()
+        .find(|f| !snapshot.channels.functions.iter().any(|d| d.name == *f))
+    {
+        return Err(Problem::invalid_resource(
+            "/transform",
+            format!("function `{missing}` is not defined"),
+        ));
+    }
+    let stop = tokio::sync::watch::channel(false).1;
+    let names: Vec<&str> = chain.functions().collect();
+    let ready = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        crate::wasm::registry().ready(&names, stop),
+    )
+    .await;
+    drop(names);
+    match ready {
+        Ok(Ok(true)) => {}
+        Ok(Err(why)) => return Err(Problem::unavailable(why, 5)),
+        _ => {
+            return Err(Problem::unavailable(
+                "the functions of this transform are still loading on this replica; try again",
+                5,
+            ))
+        }
+    }
+    let event: cloudevents::Event = serde_json::from_slice(event_bytes)
+        .map_err(|e| Problem::invalid_resource("/event", format!("not a CloudEvent: {e}")))?;
+    let run = tokio::task::spawn_blocking(move || {
+        let host = crate::wasm::Host::tracing();
+        let result = chain.apply_all(&event, &host);
+        let calls = host
+            .trace
+            .map(|t| t.into_inner().unwrap_or_else(|p| p.into_inner()))
+            .unwrap_or_default();
+        (result, calls)
+    })
+    .await
+    .map_err(|e| Problem::unavailable(format!("running the functions failed: {e}"), 1))?;
+    let (result, calls) = run;
+    let mut answer = json!({ "functions": calls });
+    match result {
+        Ok(outputs) => {
+            let outputs: Vec<Value> = outputs
+                .into_iter()
+                .map(|o| match o {
+                    sluice_functions::Output::Event(e) => {
+                        sluice_functions::transform::structured(&e).unwrap_or(Value::Null)
+                    }
+                    sluice_functions::Output::Body { bytes, .. } => serde_json::from_slice(&bytes)
+                        .unwrap_or_else(|_| {
+                            Value::String(String::from_utf8_lossy(&bytes).into_owned())
+                        }),
+                })
+                .collect();
+            if let Some(first) = outputs.first() {
+                answer["output"] = first.clone();
+            }
+            answer["outputs"] = Value::Array(outputs);
+        }
+        Err(e) => answer["error"] = json!(e.to_string()),
+    }
+    Ok(answer)
 }
 
 pub(super) fn rule_test_problem(e: &sluice_functions::RuleTestError) -> Problem {
