@@ -14,7 +14,7 @@ ROCKETMQ_DIR := $(CACHE)/rocketmq-1.0.0
 ROCKETMQ_BENCH_DIR := $(CACHE)/rocketmq-1.0.0
 export SLUICE_ROCKETMQ_BIN ?= $(ROCKETMQ_DIR)/bin
 
-.PHONY: chaos webhook-node aws-node functions console-check run test lint fmt fuzz build bench bench-compare bench-ingest bench-functions bench-cluster bench-targets bench-rules tools venv redis rocketmq rocketmq-bench infra-check infra-tools clean help
+.PHONY: chaos webhook-node aws-node functions console-check run test lint fmt fuzz build bench bench-compare bench-ingest bench-functions bench-matching bench-cluster bench-targets bench-rules tools venv redis rocketmq rocketmq-bench infra-check infra-tools clean help
 
 help:
 	@echo "make run    - start the gateway standalone with sluice.example.toml (http://127.0.0.1:8080)"
@@ -23,6 +23,7 @@ help:
 	@echo "make fuzz   - every fuzz target for FUZZ_SECONDS (default 60) each (nightly, cargo-fuzz)"
 	@echo "make bench  - ingest benchmark against the baseline, the functions benchmarks, and target throughput"
 	@echo "make chaos  - the fault suite with every phase stretched (SLUICE_CHAOS=$(CHAOS)); reports in target/chaos-report.jsonl"
+	@echo "make functions - build the example WebAssembly functions (examples/functions/) into target/functions/ and check them"
 	@echo "make rocketmq - build the RocketMQ name server and broker for the tests (once, into the cache)"
 	@echo "make infra-check - validate infra/ (Dockerfile, compose file, Kubernetes manifests); part of make test"
 	@echo "make console-check - the web console in a real browser (Debian Chromium + playwright-core); part of make test"
@@ -266,7 +267,7 @@ rocketmq-bench:
 
 # Every benchmark, then the figures gathered into target/bench/summary.json and compared
 # with the committed previous run (tests/bench/summary.json): what moved by more than 10 %.
-bench: bench-ingest bench-functions bench-cluster bench-targets bench-rules
+bench: bench-ingest bench-functions bench-matching bench-cluster bench-targets bench-rules
 	tests/bench/summary.py
 
 # The comparison alone, after one or more bench-* targets.
@@ -283,7 +284,14 @@ bench-ingest:
 	tests/bench/ingest.sh
 	tests/bench/compat.sh
 
-bench-functions:
+# WebAssembly functions: delivered events/s through no step, a TEMPLATE step, a no-op and a
+# JSON-editing WebAssembly step, and the JavaScript example (built by `make functions`).
+bench-functions: functions
+	$(CARGO) build --release -p sluice-gateway -p sluice-tests --bin sluice --bin functions-bench
+	FUNCTIONS_JS=$(FUNCTIONS_OUT)/enrich.wasm ./target/release/functions-bench
+
+# Pattern, CESQL and transform costs in the functions crate (criterion).
+bench-matching:
 	$(CARGO) bench -p sluice-functions
 
 clean:

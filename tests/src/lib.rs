@@ -30,6 +30,7 @@ pub mod process;
 pub mod receiver;
 pub mod redis;
 pub mod rocketmq;
+pub mod wasm;
 
 pub use builder::SluiceBuilder;
 pub use config::{

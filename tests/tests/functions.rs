@@ -1,0 +1,489 @@
+//! WebAssembly functions through the binary: map, filter, fan-out and chains with the
+//! built-in steps; errors, traps, time and memory limits and invalid output dead-lettered
+//! with their cause; the `functions` API (upload, checks, hot update, 409 while used, the
+//! rule test) and replicas loading a function created through the API.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{json, Value};
+use sluice_tests::admin::{call, get, put};
+use sluice_tests::wasm::{component, reads_the_clock, wrong_signature, Behaviour};
+use sluice_tests::{bus_to_file, client, post, read_jsonl, rule_on, wait_jsonl, Sluice};
+
+/// Writes a component for `behaviour` to `dir/{name}.wasm` and returns the TOML of the
+/// function (with `limits` lines).
+fn function(dir: &Path, name: &str, behaviour: &Behaviour, limits: &str) -> String {
+    let path = dir.join(format!("{name}.wasm"));
+    std::fs::write(&path, component(behaviour)).expect("write component");
+    format!(
+        "\n[[functions]]\nname = \"{name}\"\npath = \"{}\"\n{limits}\n",
+        path.display()
+    )
+}
+
+/// A rule of bus `default` sending every event through `transform` into the bus `out`
+/// (stored in `out.jsonl`), dead letters to the bus `dlq` (`dlq.jsonl`).
+fn through(rule: &str, transform: &str) -> String {
+    rule_on(
+        "default",
+        rule,
+        "bus",
+        &format!("{rule}-out"),
+        &format!(
+            "bus = \"out\"\ntransform = {transform}\n[rules.targets.dead_letter]\nbus = \"dlq\""
+        ),
+    )
+}
+
+async fn post_one(sluice: &Sluice, id: &str, data: &str) {
+    post(&client(), &sluice.events_url(), id, data).await;
+}
+
+fn ext<'a>(event: &'a Value, name: &str) -> Option<&'a str> {
+    event.get(name).and_then(Value::as_str)
+}
+
+#[tokio::test]
+async fn map_filter_and_fan_out_run_in_chains_with_built_in_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut extra = bus_to_file("out") + &bus_to_file("dlq");
+    extra += &function(dir.path(), "map", &Behaviour::map("1"), "");
+    extra += &function(dir.path(), "drop", &Behaviour::Prefixes(vec![]), "");
+    extra += &function(dir.path(), "fan", &Behaviour::fan_out(3), "");
+    // Built-in steps before and after; the step after a fan-out runs on each event.
+    extra += &through(
+        "mapped",
+        r#"[{ form = "SET_ATTRIBUTES", attributes = { before = "yes" } }, { wasm = "map" }, { form = "SET_ATTRIBUTES", attributes = { after = "$.wasmversion" } }]"#,
+    );
+    extra += &through("dropped", r#"[{ wasm = "drop" }]"#);
+    extra += &through("fanned", r#"[{ wasm = "fan" }, { wasm = "map" }]"#);
+    let sluice = Sluice::builder()
+        .durability("os")
+        .without_default_rule()
+        .extra(&extra)
+        .start()
+        .await;
+    for i in 0..5 {
+        post_one(&sluice, &format!("e-{i}"), r#"{"n":1}"#).await;
+    }
+    let out = sluice.data_dir().join("out.jsonl");
+    // 5 mapped + 0 dropped + 5 × 3 fanned.
+    let got = wait_jsonl(&out, Duration::from_secs(20), |l| l.len() >= 20).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got_now = read_jsonl(&out);
+    assert_eq!(got_now.len(), 20, "{got_now:#?}");
+    let mapped: Vec<&Value> = got
+        .iter()
+        .filter(|e| ext(e, "before") == Some("yes"))
+        .collect();
+    assert_eq!(mapped.len(), 5);
+    for e in &mapped {
+        assert_eq!(ext(e, "wasmversion"), Some("1"), "{e}");
+        assert_eq!(
+            ext(e, "after"),
+            Some("1"),
+            "the step after the function ran on its output"
+        );
+        assert_eq!(e["data"], json!({"n": 1}), "data kept: {e}");
+    }
+    // Each fanned event: parts 1, 2, 3 in order, each mapped by the second function.
+    for i in 0..5 {
+        let parts: Vec<&str> = got
+            .iter()
+            .filter(|e| e["id"] == format!("e-{i}") && e.get("part").is_some())
+            .map(|e| {
+                assert_eq!(ext(e, "wasmversion"), Some("1"));
+                ext(e, "part").unwrap()
+            })
+            .collect();
+        assert_eq!(parts, ["1", "2", "3"], "event e-{i}");
+    }
+    assert!(read_jsonl(&sluice.data_dir().join("dlq.jsonl")).is_empty());
+    let metrics = sluice.metrics().await;
+    assert!(
+        metrics.contains(r#"sluice_function_calls_total{function="drop",outcome="ok"} 5"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn failures_are_dead_lettered_with_their_cause_and_the_next_event_still_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut extra = bus_to_file("out") + &bus_to_file("dlq");
+    let cases: Vec<(&str, Behaviour, &str, &str)> = vec![
+        (
+            "fails",
+            Behaviour::Error("no price for item 7".into()),
+            "",
+            "returned an error: no price for item 7",
+        ),
+        ("traps", Behaviour::Trap, "", "trapped"),
+        (
+            "loops",
+            Behaviour::Loop,
+            "timeout = \"100ms\"",
+            "time limit of 100ms",
+        ),
+        (
+            "bomb",
+            Behaviour::MemoryBomb,
+            "max_memory_bytes = 8388608",
+            "memory limit of 8388608 bytes",
+        ),
+        (
+            "garbage",
+            Behaviour::Constant(vec!["not json".into()]),
+            "",
+            "not JSON",
+        ),
+        (
+            "nosource",
+            Behaviour::Constant(vec![r#"{"specversion":"1.0","id":"x","type":"t"}"#.into()]),
+            "",
+            "the required attribute `source` is missing",
+        ),
+        (
+            "toomany",
+            Behaviour::fan_out(3),
+            "max_events = 2",
+            "more than its limit of 2 (max_events)",
+        ),
+    ];
+    for (name, behaviour, limits, _) in &cases {
+        extra += &function(dir.path(), name, behaviour, limits);
+        extra += &through(name, &format!("[{{ wasm = \"{name}\" }}]"));
+    }
+    let clock = dir.path().join("clock.wasm");
+    std::fs::write(&clock, reads_the_clock()).unwrap();
+    extra += &format!(
+        "\n[[functions]]\nname = \"clock\"\npath = \"{}\"\n",
+        clock.display()
+    );
+    extra += &through("clock", r#"[{ wasm = "clock" }]"#);
+    extra += &function(dir.path(), "map", &Behaviour::map("ok"), "");
+    extra += &through("healthy", r#"[{ wasm = "map" }]"#);
+    let sluice = Sluice::builder()
+        .durability("os")
+        .without_default_rule()
+        .extra(&extra)
+        .start()
+        .await;
+    post_one(&sluice, "bad-1", r#"{"n":1}"#).await;
+    let dlq = sluice.data_dir().join("dlq.jsonl");
+    let letters = wait_jsonl(&dlq, Duration::from_secs(30), |l| {
+        l.len() > cases.len()
+    })
+    .await;
+    for (name, _, _, says) in &cases {
+        let letter = letters
+            .iter()
+            .find(|l| ext(l, "deadletterrule") == Some(name))
+            .unwrap_or_else(|| panic!("no dead letter from rule {name}: {letters:#?}"));
+        let reason = ext(letter, "deadletterreason").unwrap();
+        assert!(reason.contains(says), "{name}: {reason}");
+        assert!(
+            reason.contains("WASM"),
+            "{name}: the step is named: {reason}"
+        );
+        assert_eq!(letter["id"], "bad-1", "the original event is dead-lettered");
+        assert_eq!(letter["data"], json!({"n": 1}));
+    }
+    let clock = letters
+        .iter()
+        .find(|l| ext(l, "deadletterrule") == Some("clock"))
+        .unwrap();
+    assert!(
+        ext(clock, "deadletterreason")
+            .unwrap()
+            .contains("wasi:clocks/wall-clock"),
+        "an import nothing granted traps: {clock}"
+    );
+    // The gateway is alive and each function runs again in a fresh instance.
+    post_one(&sluice, "good-1", r#"{"n":2}"#).await;
+    let out = sluice.data_dir().join("out.jsonl");
+    wait_jsonl(&out, Duration::from_secs(10), |l| {
+        l.iter()
+            .any(|e| e["id"] == "good-1" && ext(e, "wasmversion") == Some("ok"))
+    })
+    .await;
+    wait_jsonl(&dlq, Duration::from_secs(10), |l| {
+        l.iter().filter(|e| e["id"] == "good-1").count() == cases.len() + 1
+    })
+    .await;
+    assert!(sluice.is_running());
+    let metrics = sluice.metrics().await;
+    for (function, outcome) in [
+        ("loops", "timeout"),
+        ("bomb", "memory"),
+        ("traps", "trap"),
+        ("fails", "error"),
+        ("garbage", "invalid_output"),
+        ("map", "ok"),
+    ] {
+        let line = format!(
+            r#"sluice_function_calls_total{{function="{function}",outcome="{outcome}"}} 2"#
+        );
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
+}
+
+#[tokio::test]
+async fn a_function_file_that_is_not_a_component_stops_the_start_with_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.wasm");
+    std::fs::write(&bad, b"not wasm").unwrap();
+    let rule = through("r", r#"[{ wasm = "nope" }]"#);
+    let (ok, said) = sluice_tests::check_config(&format!(
+        "{}{}{}[[functions]]\nname = \"f\"\npath = \"{}\"\n{rule}",
+        sluice_tests::bus("default", 1, ""),
+        bus_to_file("out"),
+        bus_to_file("dlq"),
+        bad.display()
+    ));
+    assert!(!ok);
+    assert!(said.contains("function `nope` is not defined"), "{said}");
+}
+
+async fn upload(sluice: &Sluice, name: &str, bytes: Vec<u8>, query: &str) -> (u16, Value) {
+    let response = client()
+        .put(sluice.url(&format!("/api/v1/functions/{name}{query}")))
+        .header("content-type", "application/wasm")
+        .body(bytes)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    if status >= 400 {
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
+    }
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+fn rule_through(rule: &str, transform: Value) -> Value {
+    json!({
+        "targets": [{
+            "type": "bus", "name": format!("{rule}-out"), "bus": "out",
+            "transform": transform,
+            "dead_letter": {"bus": "dlq"},
+        }]
+    })
+}
+
+#[tokio::test]
+async fn functions_are_uploaded_checked_updated_hot_and_kept_while_used() {
+    let sluice = Sluice::builder()
+        .durability("os")
+        .without_default_rule()
+        .extra(&(bus_to_file("out") + &bus_to_file("dlq")))
+        .start()
+        .await;
+    // Refusals, each naming what is wrong.
+    let (status, body) = upload(&sluice, "map", b"\0asm nope".to_vec(), "").await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["field"], "/component", "{body}");
+    let (status, body) = upload(&sluice, "map", wrong_signature(), "").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("result<list<string>, string>"),
+        "{body}"
+    );
+    let (status, body) = upload(
+        &sluice,
+        "map",
+        component(&Behaviour::map("1")),
+        "?timeout=1h",
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["field"], "timeout");
+    let (status, _) = upload(
+        &sluice,
+        "map",
+        component(&Behaviour::map("1")),
+        "?colour=red",
+    )
+    .await;
+    assert_eq!(status, 400);
+    let (status, _) = upload(&sluice, "map", vec![0; 17 * 1024 * 1024], "").await;
+    assert_eq!(status, 413);
+    let (status, body) = put(&sluice, "/api/v1/functions/map", json!({"wasm": "x"})).await;
+    assert_eq!(status, 415, "{body}");
+    // A rule cannot name a function the catalog does not have.
+    let (status, body) = put(
+        &sluice,
+        "/api/v1/buses/default/rules/mapped",
+        rule_through("mapped", json!([{"wasm": "map"}])),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["detail"]
+        .as_str()
+        .unwrap()
+        .contains("function `map` is not defined"));
+
+    // Version 1, used by two rules.
+    let v1 = component(&Behaviour::map("1"));
+    let (status, body) = upload(&sluice, "map", v1.clone(), "?timeout=200ms").await;
+    assert_eq!(status, 201, "{body}");
+    let sha1 = body["sha256"].as_str().unwrap().to_string();
+    assert_eq!(body["timeout"], "200ms");
+    for rule in ["mapped", "also"] {
+        let (status, body) = put(
+            &sluice,
+            &format!("/api/v1/buses/default/rules/{rule}"),
+            rule_through(rule, json!([{"wasm": "map"}])),
+        )
+        .await;
+        assert!(status == 201, "{body}");
+    }
+    let (status, body) = get(&sluice, "/api/v1/functions/map").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["sha256"], sha1.as_str());
+    let bytes = client()
+        .get(sluice.url("/api/v1/functions/map/component"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(bytes.to_vec(), v1);
+
+    // Events flow while version 2 replaces version 1: each event goes through exactly one.
+    let poster = {
+        let url = sluice.events_url();
+        tokio::spawn(async move {
+            let client = client();
+            for i in 0..300 {
+                post(&client, &url, &format!("hot-{i}"), r#"{"n":1}"#).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (status, body) = upload(&sluice, "map", component(&Behaviour::map("2")), "").await;
+    assert_eq!(status, 200, "{body}");
+    poster.await.unwrap();
+    let out = sluice.data_dir().join("out.jsonl");
+    let got = wait_jsonl(&out, Duration::from_secs(30), |l| l.len() >= 600).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(read_jsonl(&out).len(), 600, "each event once per rule");
+    let versions: Vec<&str> = got.iter().map(|e| ext(e, "wasmversion").unwrap()).collect();
+    assert!(versions.iter().all(|v| *v == "1" || *v == "2"));
+    assert!(
+        versions.contains(&"1") && versions.contains(&"2"),
+        "both versions ran"
+    );
+    let last = got.iter().rev().find(|e| e["id"] == "hot-299").unwrap();
+    assert_eq!(ext(last, "wasmversion"), Some("2"));
+
+    // The rule test shows what the function returned.
+    let (status, body) = call(
+        &sluice,
+        Method::POST,
+        "/api/v1/rules/test",
+        Some(json!({
+            "event": {"specversion": "1.0", "id": "t-1", "source": "s", "type": "t", "data": {"n": 1}},
+            "transform": [{"wasm": "map"}],
+        })),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["outputs"][0]["wasmversion"], "2", "{body}");
+    assert_eq!(body["functions"][0]["function"], "map");
+    assert_eq!(
+        body["functions"][0]["returned"].as_array().unwrap().len(),
+        1
+    );
+
+    // Not deleted while rules use it.
+    let (status, body) = call(&sluice, Method::DELETE, "/api/v1/functions/map", None).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("rule `mapped`"));
+    for rule in ["mapped", "also"] {
+        let (status, _) = call(
+            &sluice,
+            Method::DELETE,
+            &format!("/api/v1/buses/default/rules/{rule}"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 204);
+    }
+    let (status, _) = call(&sluice, Method::DELETE, "/api/v1/functions/map", None).await;
+    assert_eq!(status, 204);
+    let (status, _) = get(&sluice, "/api/v1/functions/map").await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn replicas_load_a_function_created_through_the_api() {
+    let prefix = "functions-replicas";
+    let (url, prefix) = sluice_tests::shared_redis(prefix);
+    let start = || {
+        Sluice::builder()
+            .durability("os")
+            .without_default_rule()
+            .distributed(&url, &prefix)
+            .extra(&(bus_to_file("out") + &bus_to_file("dlq")))
+            .start()
+    };
+    let a = start().await;
+    let b = start().await;
+    a.wait_members(2).await;
+    let (status, body) = upload(&a, "fan", component(&Behaviour::fan_out(2)), "").await;
+    assert_eq!(status, 201, "{body}");
+    let sha = body["sha256"].as_str().unwrap().to_string();
+    let (status, body) = put(
+        &a,
+        "/api/v1/buses/default/rules/fanned",
+        rule_through("fanned", json!([{"wasm": "fan"}])),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    // The other replica loads it without a restart.
+    let mut loaded = false;
+    for _ in 0..200 {
+        let (_, body) = get(&b, "/api/v1/functions/fan").await;
+        if body["loaded"]["running"] == sha.as_str() {
+            loaded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(loaded, "replica b runs the function");
+    for i in 0..20 {
+        let to = if i % 2 == 0 { &a } else { &b };
+        post_one(to, &format!("r-{i}"), r#"{"n":1}"#).await;
+    }
+    let all = || {
+        let mut events = read_jsonl(&a.data_dir().join("out.jsonl"));
+        events.extend(read_jsonl(&b.data_dir().join("out.jsonl")));
+        events
+    };
+    let events = sluice_tests::wait_list(
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        all,
+        |l| l.len() >= 40,
+        "fanned events on either replica",
+    )
+    .await;
+    for i in 0..20 {
+        let parts: Vec<&str> = events
+            .iter()
+            .filter(|e| e["id"] == format!("r-{i}"))
+            .map(|e| ext(e, "part").unwrap())
+            .collect();
+        assert_eq!(parts, ["1", "2"], "event r-{i}");
+    }
+}
