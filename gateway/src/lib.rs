@@ -32,3 +32,4 @@ pub mod sources;
 pub mod store;
 pub mod targets;
 pub mod values;
+pub mod wasm;
