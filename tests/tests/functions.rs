@@ -173,10 +173,7 @@ async fn failures_are_dead_lettered_with_their_cause_and_the_next_event_still_ru
         .await;
     post_one(&sluice, "bad-1", r#"{"n":1}"#).await;
     let dlq = sluice.data_dir().join("dlq.jsonl");
-    let letters = wait_jsonl(&dlq, Duration::from_secs(30), |l| {
-        l.len() > cases.len()
-    })
-    .await;
+    let letters = wait_jsonl(&dlq, Duration::from_secs(30), |l| l.len() > cases.len()).await;
     for (name, _, _, says) in &cases {
         let letter = letters
             .iter()
@@ -486,4 +483,65 @@ async fn replicas_load_a_function_created_through_the_api() {
             .collect();
         assert_eq!(parts, ["1", "2"], "event r-{i}");
     }
+}
+
+#[tokio::test]
+async fn ctl_apply_uploads_the_functions_a_file_names_by_path() {
+    let sluice = Sluice::builder()
+        .durability("os")
+        .without_default_rule()
+        .extra(&(bus_to_file("out") + &bus_to_file("dlq")))
+        .start()
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("m.wasm"), component(&Behaviour::map("ctl"))).unwrap();
+    let file = dir.path().join("apply.yaml");
+    std::fs::write(
+        &file,
+        r#"functions:
+  - name: m
+    path: ./m.wasm
+    timeout: 120ms
+    max_events: 5
+rules:
+  - name: mapped
+    bus: default
+    targets:
+      - type: bus
+        name: mapped-out
+        bus: out
+        transform: [{ wasm: m }]
+"#,
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    // A dry run uploads nothing and says so.
+    let said = sluice_tests::admin::ctl_ok(&sluice, &["apply", "-f", file, "--dry-run"]);
+    assert!(said.contains("function/m"), "{said}");
+    let (status, _) = get(&sluice, "/api/v1/functions/m").await;
+    assert_eq!(status, 404, "a dry run changes nothing");
+    let said = sluice_tests::admin::ctl_ok(&sluice, &["apply", "-f", file]);
+    assert!(said.contains("rule/default/mapped created"), "{said}");
+    let (status, body) = get(&sluice, "/api/v1/functions/m").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["timeout"], "120ms");
+    assert_eq!(body["max_events"], 5);
+    assert_eq!(
+        body["sha256"].as_str().unwrap(),
+        sluice::wasm::sha256_hex(&component(&Behaviour::map("ctl")))
+    );
+    post_one(&sluice, "c-1", r#"{"n":1}"#).await;
+    wait_jsonl(
+        &sluice.data_dir().join("out.jsonl"),
+        Duration::from_secs(20),
+        |l| l.iter().any(|e| ext(e, "wasmversion") == Some("ctl")),
+    )
+    .await;
+    // The same file again changes nothing; `ctl get`/`delete` know the kind.
+    let said = sluice_tests::admin::ctl_ok(&sluice, &["apply", "-f", file]);
+    assert!(said.contains("function/m unchanged"), "{said}");
+    let listed = sluice_tests::admin::ctl_ok(&sluice, &["get", "functions"]);
+    assert!(listed.contains("\"m\""), "{listed}");
+    let refused = sluice_tests::admin::ctl_err(&sluice, &["delete", "function", "m"]);
+    assert!(refused.contains("409"), "{refused}");
 }

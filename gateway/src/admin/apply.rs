@@ -79,6 +79,8 @@ pub(super) async fn apply(
         };
         match state.catalog.store().component(sha).await {
             Ok(Some(_)) => {}
+            // `sluice ctl apply --dry-run` names the files' components without uploading.
+            Ok(None) if dry_run => {}
             Ok(None) => {
                 return Problem::invalid_resource(
                     &format!("/functions/{i}/sha256"),

@@ -114,9 +114,27 @@ async fn run_until(mut config: Config, mut stop: watch::Receiver<bool>) -> Resul
     crate::wasm::registry().configure(&data_path, config.limits.max_event_bytes);
     // The file's functions name their components by path: stored by hash, named by hash.
     for function in &mut file.functions {
-        crate::wasm::resolve_path(function, &config.base_dir, catalog.store().as_ref())
-            .await
-            .map_err(StartError::Config)?;
+        loop {
+            match crate::wasm::resolve_path(function, &config.base_dir, catalog.store().as_ref())
+                .await
+            {
+                Ok(()) => break,
+                Err(crate::wasm::ResolveError::File(m)) => {
+                    leave().await;
+                    return Err(StartError::Config(m));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "waiting for the cluster store to hold the file's functions");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = stop.wait_for(|s| *s) => {
+                            leave().await;
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        }
     }
     let snapshot = loop {
         match seed(&catalog, &file).await {

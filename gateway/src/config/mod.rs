@@ -573,6 +573,21 @@ impl Config {
             }
         };
         channels.check().map_err(&located)?;
+        for f in &self.functions {
+            let Some(file) = &f.path else { continue };
+            let full = self.base_dir.join(file);
+            if !full.is_file() {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    line: find_line(text, "[[functions]]"),
+                    message: format!(
+                        "function `{}`: no component at {} (path is relative to this file)",
+                        f.name,
+                        full.display()
+                    ),
+                });
+            }
+        }
         // The file's resources seed the catalog: they follow its policy, so the operator
         // learns of a literal secret or a path outside the roots here, not from the API.
         channels

@@ -193,38 +193,48 @@ fn is_sha256(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
+/// Why a file function could not be stored.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// The file is missing, unreadable or too large.
+    #[error("{0}")]
+    File(String),
+    /// The store did not take it (Redis down, say): worth trying again.
+    #[error("function `{0}`: cannot store the component: {1}")]
+    Store(String, crate::store::StoreError),
+}
+
 /// Reads a file function (`path`), stores its component by hash and names it by hash.
 pub async fn resolve_path(
     function: &mut FunctionConfig,
     base_dir: &Path,
     store: &dyn CatalogStore,
-) -> Result<(), String> {
-    let Some(path) = function.path.take() else {
+) -> Result<(), ResolveError> {
+    let Some(path) = function.path.clone() else {
         return Ok(());
     };
     let full = base_dir.join(&path);
     let bytes = tokio::fs::read(&full).await.map_err(|e| {
-        format!(
+        ResolveError::File(format!(
             "function `{}`: cannot read {}: {e}",
             function.name,
             full.display()
-        )
+        ))
     })?;
     if bytes.len() > MAX_COMPONENT_BYTES {
-        return Err(format!(
+        return Err(ResolveError::File(format!(
             "function `{}`: {} is {} bytes, more than the limit of {MAX_COMPONENT_BYTES}",
             function.name,
             full.display(),
             bytes.len()
-        ));
+        )));
     }
     let sha = sha256_hex(&bytes);
-    store.put_component(&sha, &bytes).await.map_err(|e| {
-        format!(
-            "function `{}`: cannot store the component: {e}",
-            function.name
-        )
-    })?;
+    store
+        .put_component(&sha, &bytes)
+        .await
+        .map_err(|e| ResolveError::Store(function.name.clone(), e))?;
+    function.path = None;
     function.sha256 = Some(sha);
     function.size = Some(bytes.len() as u64);
     Ok(())
