@@ -267,7 +267,7 @@ pub(super) fn build_plan(
 type Parts = (
     Arc<dyn targets::Target>,
     Delivery,
-    Option<sluice_functions::TransformChain>,
+    Option<Arc<sluice_functions::TransformChain>>,
 );
 
 /// A subscription's running parts; why not, when one cannot be built here.
@@ -290,7 +290,11 @@ fn subscription_parts(
         resources,
     )
     .map_err(|e| e.message)?;
-    let transform = target.transform().map(compile_transform).transpose()?;
+    let transform = target
+        .transform()
+        .map(compile_transform)
+        .transpose()?
+        .map(Arc::new);
     Ok((built, delivery, transform))
 }
 

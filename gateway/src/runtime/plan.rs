@@ -23,7 +23,7 @@ pub struct Subscription {
     pub bus: String,
     pub filter: Arc<Filter>,
     /// Applied to each matched event before the target.
-    pub transform: Option<TransformChain>,
+    pub transform: Option<Arc<TransformChain>>,
     pub target: Arc<dyn Target>,
     /// The target under its retry policy and dead-letter destination.
     pub delivery: Arc<crate::runtime::delivery::Delivery>,

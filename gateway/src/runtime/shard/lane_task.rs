@@ -474,7 +474,7 @@ impl LaneTask {
     /// calls is loaded on this replica.
     async fn deliver_through_functions(
         &self,
-        chain: &sluice_functions::TransformChain,
+        chain: &Arc<sluice_functions::TransformChain>,
         events: &[Envelope],
         epoch: u64,
     ) -> bool {
