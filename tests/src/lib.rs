@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod admin;
+pub mod bench;
 pub mod builder;
 pub mod config;
 pub mod http;

@@ -19,37 +19,12 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::json;
+use sluice_tests::bench::{cpu_secs, post_batches, LineCounter};
 use sluice_tests::wasm::{component, Behaviour};
 use sluice_tests::Sluice;
 
 const SHARDS: u32 = 4;
-
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = fields
-        .get(11..13)
-        .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
-        .unwrap_or(0.0);
-    ticks / 100.0
-}
-
-fn count_lines(path: &std::path::Path, seen: &mut (u64, usize)) -> usize {
-    use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return seen.1;
-    };
-    let mut buf = Vec::new();
-    if f.seek(SeekFrom::Start(seen.0)).is_ok() && f.read_to_end(&mut buf).is_ok() {
-        if let Some(end) = buf.iter().rposition(|b| *b == b'\n') {
-            seen.1 += buf[..=end].iter().filter(|b| **b == b'\n').count();
-            seen.0 += end as u64 + 1;
-        }
-    }
-    seen.1
-}
 
 struct Run {
     per_sec: f64,
@@ -109,47 +84,23 @@ async fn run(variant: &str, dir: &std::path::Path, events: usize) -> Run {
     }
     let pid = sluice.pid().unwrap();
     let cpu_before = cpu_secs(pid);
-    let client = reqwest::Client::new();
     let url = sluice.events_url();
     let loaded = Instant::now();
-    let (concurrency, batch) = (8, 100);
-    let mut posters = Vec::new();
-    for p in 0..concurrency {
-        let (client, url) = (client.clone(), url.clone());
-        posters.push(tokio::spawn(async move {
-            for b in (p..events / batch).step_by(concurrency) {
-                let chunk: Vec<Value> = (0..batch)
-                    .map(|i| {
-                        let n = b * batch + i;
-                        json!({
-                            "specversion": "1.0", "id": format!("e{n}"), "source": "/bench",
-                            "type": "bench", "datacontenttype": "application/json",
-                            "data": {"n": n, "pad": "x".repeat(900)}
-                        })
-                    })
-                    .collect();
-                let r = client
-                    .post(&url)
-                    .header("content-type", "application/cloudevents-batch+json")
-                    .body(Value::Array(chunk).to_string())
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(r.status().as_u16(), 202);
-            }
-        }));
-    }
-    for p in posters {
-        p.await.unwrap();
-    }
-    let expected = events / batch * batch;
+    let expected = post_batches(&url, events, 8, 100, |n| {
+        json!({
+            "specversion": "1.0", "id": format!("e{n}"), "source": "/bench",
+            "type": "bench", "datacontenttype": "application/json",
+            "data": {"n": n, "pad": "x".repeat(900)}
+        })
+    })
+    .await;
     let out = sluice.data_dir().join("out.jsonl");
-    let mut seen = (0, 0);
-    while count_lines(&out, &mut seen) < expected {
+    let mut lines = LineCounter::default();
+    while lines.count(&out) < expected {
         assert!(
             loaded.elapsed() < Duration::from_secs(600),
             "{variant}: delivery stalled at {} of {expected}",
-            seen.1
+            lines.count(&out)
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

@@ -25,7 +25,8 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::json;
+use sluice_tests::bench::{cpu_secs, post_batches, LineCounter};
 use sluice_tests::{ids, read_jsonl, shared_redis, Sluice};
 
 const SHARDS: u32 = 4;
@@ -40,45 +41,6 @@ fn rules_toml(rules: usize, per_event: usize) -> String {
         ));
     }
     text
-}
-
-/// Counts the complete lines of a growing file, reading only what was appended since the
-/// last look.
-#[derive(Default)]
-struct LineCounter {
-    offset: u64,
-    lines: usize,
-}
-
-impl LineCounter {
-    fn count(&mut self, path: &std::path::Path) -> usize {
-        use std::io::{Read, Seek, SeekFrom};
-        let Ok(mut f) = std::fs::File::open(path) else {
-            return self.lines;
-        };
-        let mut buf = Vec::new();
-        if f.seek(SeekFrom::Start(self.offset)).is_ok() && f.read_to_end(&mut buf).is_ok() {
-            // Up to the last line end: a line being written is counted once it is whole.
-            if let Some(end) = buf.iter().rposition(|b| *b == b'\n') {
-                self.lines += buf[..=end].iter().filter(|b| **b == b'\n').count();
-                self.offset += end as u64 + 1;
-            }
-        }
-        self.lines
-    }
-}
-
-/// CPU time (user + system) of a process, in seconds.
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may contain spaces) start after ") ".
-    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = fields
-        .get(11..13)
-        .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
-        .unwrap_or(0.0);
-    ticks / 100.0
 }
 
 async fn redis_commands(url: &str) -> u64 {
@@ -133,46 +95,17 @@ async fn run(distributed: bool, rules: usize, per_event: usize, events: usize) -
     }
     let startup = started.elapsed().as_secs_f64();
     let types = rules.div_ceil(per_event);
-    let client = reqwest::Client::new();
     let url = sluice.events_url();
     let loaded = Instant::now();
-    let concurrency = 8;
-    let batch = 100;
-    let mut posters = Vec::new();
-    for p in 0..concurrency {
-        let client = client.clone();
-        let url = url.clone();
-        posters.push(tokio::spawn(async move {
-            let mut accepted = 0;
-            for b in (p..events / batch).step_by(concurrency) {
-                let chunk: Vec<Value> = (0..batch)
-                    .map(|i| {
-                        let n = b * batch + i;
-                        json!({
-                            "specversion": "1.0", "id": format!("e{n}"), "source": "/bench",
-                            "type": format!("t{}", n % types),
-                            "datacontenttype": "application/json",
-                            "data": {"n": n, "pad": "x".repeat(900)}
-                        })
-                    })
-                    .collect();
-                let r = client
-                    .post(&url)
-                    .header("content-type", "application/cloudevents-batch+json")
-                    .body(Value::Array(chunk).to_string())
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(r.status().as_u16(), 202);
-                accepted += batch;
-            }
-            accepted
-        }));
-    }
-    let mut accepted = 0;
-    for p in posters {
-        accepted += p.await.unwrap();
-    }
+    let accepted = post_batches(&url, events, 8, 100, move |n| {
+        json!({
+            "specversion": "1.0", "id": format!("e{n}"), "source": "/bench",
+            "type": format!("t{}", n % types),
+            "datacontenttype": "application/json",
+            "data": {"n": n, "pad": "x".repeat(900)}
+        })
+    })
+    .await;
     let expected = accepted * per_event.min(rules);
     let out = sluice.data_dir().join("out.jsonl");
     // Only the new bytes are read and only line ends counted while the load runs: parsing
