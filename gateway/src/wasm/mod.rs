@@ -259,6 +259,16 @@ pub struct Registry {
     max_event_bytes: std::sync::atomic::AtomicUsize,
 }
 
+/// How many batches run functions at once: one per core. Calls are CPU work; more threads
+/// than cores would only take turns (and memory: an instance each).
+pub fn running() -> &'static tokio::sync::Semaphore {
+    static RUNNING: OnceLock<tokio::sync::Semaphore> = OnceLock::new();
+    RUNNING.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        tokio::sync::Semaphore::new(cores)
+    })
+}
+
 /// The process's function registry.
 pub fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();

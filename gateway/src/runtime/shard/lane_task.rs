@@ -493,6 +493,9 @@ impl LaneTask {
                 return false;
             }
         }
+        let Ok(_running) = crate::wasm::running().acquire().await else {
+            return false;
+        };
         let run = chain.clone();
         let input = events.to_vec();
         let (ready, refused) = match tokio::task::spawn_blocking(move || run_functions(&run, input))
