@@ -545,3 +545,31 @@ rules:
     let refused = sluice_tests::admin::ctl_err(&sluice, &["delete", "function", "m"]);
     assert!(refused.contains("409"), "{refused}");
 }
+
+#[tokio::test]
+async fn a_slow_function_holds_up_neither_the_reader_nor_other_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut extra = bus_to_file("out") + &bus_to_file("dlq");
+    extra += &function(dir.path(), "slow", &Behaviour::Loop, "timeout = \"2s\"");
+    extra += &through("slow", r#"[{ wasm = "slow" }]"#);
+    let sluice = Sluice::builder()
+        .durability("os")
+        .extra(&extra)
+        .start()
+        .await;
+    let started = std::time::Instant::now();
+    for i in 0..10 {
+        post_one(&sluice, &format!("s-{i}"), r#"{"n":1}"#).await;
+    }
+    // The sample rule (no function) delivers every event while the slow one still runs.
+    sluice
+        .wait_delivered(Duration::from_secs(10), |l| l.len() == 10)
+        .await;
+    let took = started.elapsed();
+    let dead = read_jsonl(&sluice.data_dir().join("dlq.jsonl")).len();
+    assert!(
+        dead < 10,
+        "the other rule was not waiting for the slow function ({dead} dead letters after {took:?})"
+    );
+    assert!(took < Duration::from_secs(8), "{took:?}");
+}
