@@ -68,6 +68,10 @@ pub(crate) fn engine() -> Result<&'static Engine, LoadError> {
             let mut config = Config::new();
             config.wasm_component_model(true);
             config.epoch_interruption(true);
+            // Instances come from a pool reserved once: a call neither maps nor unmaps
+            // memory (an instance per event would otherwise cost two large mmaps), and
+            // linear memory starts from the module's image copy-on-write.
+            config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool()));
             let engine = Engine::new(&config).map_err(|e| e.to_string())?;
             let ticking = engine.weak();
             std::thread::Builder::new()
@@ -84,6 +88,30 @@ pub(crate) fn engine() -> Result<&'static Engine, LoadError> {
         })
         .as_ref()
         .map_err(|e| LoadError::Runtime(e.clone()))
+}
+
+/// Instances alive at once: calls run one per core (see `wasm::running`), plus checks of
+/// uploaded components and rule tests. Past it, an instantiation waits for none: it fails,
+/// so the pool is sized well above what the semaphore lets run.
+const POOL_INSTANCES: u32 = 64;
+
+fn pool() -> wasmtime::PoolingAllocationConfig {
+    let mut pool = wasmtime::PoolingAllocationConfig::default();
+    pool.total_component_instances(POOL_INSTANCES)
+        .total_core_instances(POOL_INSTANCES * 8)
+        .total_memories(POOL_INSTANCES * 2)
+        .total_tables(POOL_INSTANCES * 8)
+        .max_core_instances_per_component(64)
+        .max_memories_per_component(16)
+        .max_tables_per_component(64)
+        .max_tables_per_module(8)
+        .table_elements(100_000)
+        .max_core_instance_size(16 << 20)
+        .max_component_instance_size(16 << 20)
+        // The largest `max_memory_bytes` a function may be given; each function's own
+        // limit is enforced by its store.
+        .max_memory_size(4 << 30);
+    pool
 }
 
 /// What a store holds: the function's limits, enforced on every growth.
