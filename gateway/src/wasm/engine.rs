@@ -110,7 +110,11 @@ fn pool() -> wasmtime::PoolingAllocationConfig {
         .max_component_instance_size(16 << 20)
         // The largest `max_memory_bytes` a function may be given; each function's own
         // limit is enforced by its store.
-        .max_memory_size(4 << 30);
+        .max_memory_size(4 << 30)
+        // A slot's first pages are reset with `memset` instead of `madvise`: releasing
+        // pages interrupts the other cores to flush their TLBs, once per call.
+        .linear_memory_keep_resident(1 << 20)
+        .table_keep_resident(1 << 16);
     pool
 }
 
