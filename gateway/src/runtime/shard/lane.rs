@@ -253,18 +253,28 @@ fn output_envelope(
     }
 }
 
+/// What a batch made through a chain that calls functions: the envelopes to deliver, and
+/// the events the chain refused with why.
+pub(super) type Ran = (Vec<Envelope>, Vec<(Envelope, String)>);
+
 /// A chain that calls user functions, applied to envelopes holding the stored events (see
 /// `prepare`): the envelopes to deliver (none for an event a function dropped, several
 /// for one it fanned out, in order) and the events the chain refused, with why. Blocks for
-/// as long as the functions run: call it on a blocking thread.
+/// as long as the functions run: call it on a blocking thread. `None` when `stop` moved
+/// before the batch was done (its events stay pending: a stopping gateway does not wait
+/// for a batch of slow calls).
 pub(super) fn run_functions(
     chain: &TransformChain,
     envelopes: Vec<Envelope>,
-) -> (Vec<Envelope>, Vec<(Envelope, String)>) {
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> Option<Ran> {
     let host = crate::wasm::Host::default();
     let mut ready = Vec::with_capacity(envelopes.len());
     let mut refused = Vec::new();
     for envelope in envelopes {
+        if *stop.borrow() {
+            return None;
+        }
         let Some(event) = envelope.event.as_ref() else {
             refused.push((envelope, "the stored event does not decode".to_string()));
             continue;
@@ -283,7 +293,7 @@ pub(super) fn run_functions(
             Err(why) => refused.push((envelope, why)),
         }
     }
-    (ready, refused)
+    Some((ready, refused))
 }
 
 /// What an envelope holds in memory: the stored form, the decoded event when it holds one,

@@ -498,10 +498,15 @@ impl LaneTask {
         };
         let run = chain.clone();
         let input = events.to_vec();
-        let (ready, refused) = match tokio::task::spawn_blocking(move || run_functions(&run, input))
-            .await
+        let stop = self.shared.stop.clone();
+        let (ready, refused) = match tokio::task::spawn_blocking(move || {
+            run_functions(&run, input, &stop)
+        })
+        .await
         {
-            Ok(done) => done,
+            Ok(Some(done)) => done,
+            // Stopping: the batch stays pending (delivered by whoever runs the shard next).
+            Ok(None) => return false,
             Err(e) => {
                 tracing::error!(lane = %self.lane.id, error = %e, "running the functions failed; retrying the batch");
                 return false;
