@@ -21,6 +21,9 @@ pub enum Behaviour {
     Loop,
     /// Grows its memory until refused, then traps.
     MemoryBomb,
+    /// Maps each event, adding the extension `first`: `yes` on the instance's first call,
+    /// `no` on later ones (shows whether an instance served several events).
+    Remembers,
 }
 
 impl Behaviour {
@@ -44,6 +47,52 @@ fn escape(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("\\{b:02x}")).collect()
 }
 
+/// The code of `handle` returning one event per text: the text followed by the input
+/// event without its opening `{` when `prefixed`, the text alone otherwise.
+fn returns(
+    texts: &[String],
+    prefixed: bool,
+    place: &mut impl FnMut(&str) -> (usize, usize),
+) -> String {
+    let n = texts.len();
+    let mut code = format!(
+        "(local.set $arr (call $realloc (i32.const 0) (i32.const 0) (i32.const 4) (i32.const {})))\n",
+        8 * n
+    );
+    for (k, text) in texts.iter().enumerate() {
+        let (at, len) = place(text);
+        let size = if prefixed {
+            format!("(i32.add (i32.const {len}) (i32.sub (local.get $len) (i32.const 1)))")
+        } else {
+            format!("(i32.const {len})")
+        };
+        code.push_str(&format!(
+            "(local.set $o (call $realloc (i32.const 0) (i32.const 0) (i32.const 1) {size}))\n\
+             (memory.copy (local.get $o) (i32.const {at}) (i32.const {len}))\n"
+        ));
+        if prefixed {
+            code.push_str(&format!(
+                "(memory.copy (i32.add (local.get $o) (i32.const {len})) (i32.add (local.get $ptr) (i32.const 1)) (i32.sub (local.get $len) (i32.const 1)))\n"
+            ));
+        }
+        code.push_str(&format!(
+            "(i32.store (i32.add (local.get $arr) (i32.const {})) (local.get $o))\n\
+             (i32.store (i32.add (local.get $arr) (i32.const {})) {size})\n",
+            8 * k,
+            8 * k + 4
+        ));
+    }
+    code.push_str(&format!(
+        "(i32.store8 (i32.const {RESULT}) (i32.const 0))\n\
+         (i32.store (i32.const {}) (local.get $arr))\n\
+         (i32.store (i32.const {}) (i32.const {n}))\n\
+         (i32.const {RESULT})",
+        RESULT + 4,
+        RESULT + 8
+    ));
+    code
+}
+
 /// The component's bytes.
 pub fn component(behaviour: &Behaviour) -> Vec<u8> {
     let mut data = String::new();
@@ -58,45 +107,14 @@ pub fn component(behaviour: &Behaviour) -> Vec<u8> {
         (at, text.len())
     };
     let body = match behaviour {
-        Behaviour::Prefixes(prefixes) | Behaviour::Constant(prefixes) => {
-            let prefixed = matches!(behaviour, Behaviour::Prefixes(_));
-            let n = prefixes.len();
-            let mut code = format!(
-                "(local.set $arr (call $realloc (i32.const 0) (i32.const 0) (i32.const 4) (i32.const {})))\n",
-                8 * n
-            );
-            for (k, text) in prefixes.iter().enumerate() {
-                let (at, len) = place(text);
-                let size = if prefixed {
-                    format!("(i32.add (i32.const {len}) (i32.sub (local.get $len) (i32.const 1)))")
-                } else {
-                    format!("(i32.const {len})")
-                };
-                code.push_str(&format!(
-                    "(local.set $o (call $realloc (i32.const 0) (i32.const 0) (i32.const 1) {size}))\n\
-                     (memory.copy (local.get $o) (i32.const {at}) (i32.const {len}))\n"
-                ));
-                if prefixed {
-                    code.push_str(&format!(
-                        "(memory.copy (i32.add (local.get $o) (i32.const {len})) (i32.add (local.get $ptr) (i32.const 1)) (i32.sub (local.get $len) (i32.const 1)))\n"
-                    ));
-                }
-                code.push_str(&format!(
-                    "(i32.store (i32.add (local.get $arr) (i32.const {})) (local.get $o))\n\
-                     (i32.store (i32.add (local.get $arr) (i32.const {})) {size})\n",
-                    8 * k,
-                    8 * k + 4
-                ));
-            }
-            code.push_str(&format!(
-                "(i32.store8 (i32.const {RESULT}) (i32.const 0))\n\
-                 (i32.store (i32.const {}) (local.get $arr))\n\
-                 (i32.store (i32.const {}) (i32.const {n}))\n\
-                 (i32.const {RESULT})",
-                RESULT + 4,
-                RESULT + 8
-            ));
-            code
+        Behaviour::Prefixes(prefixes) => returns(prefixes, true, &mut place),
+        Behaviour::Constant(texts) => returns(texts, false, &mut place),
+        Behaviour::Remembers => {
+            let no = returns(&["{\"first\":\"no\",".to_string()], true, &mut place);
+            let yes = returns(&["{\"first\":\"yes\",".to_string()], true, &mut place);
+            format!(
+                "(if (result i32) (global.get $called)\n(then {no})\n(else (global.set $called (i32.const 1))\n{yes}))"
+            )
         }
         Behaviour::Error(message) => {
             let (at, len) = place(message);
@@ -118,6 +136,7 @@ pub fn component(behaviour: &Behaviour) -> Vec<u8> {
   (core module $m
     (memory (export "memory") 2)
     (global $bump (mut i32) (i32.const 65536))
+    (global $called (mut i32) (i32.const 0))
 {data}
     (func $realloc (export "realloc") (param $old i32) (param $old_size i32) (param $align i32) (param $size i32) (result i32)
       (local $p i32)
@@ -185,4 +204,93 @@ pub fn reads_the_clock() -> Vec<u8> {
     (canon lift (core func $i "handle") (memory (core memory $mi "memory")) (realloc (core func $i "realloc"))))
 )"#;
     wat::parse_str(text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// What of the host a test function reads (and fails without).
+#[derive(Debug, Clone, Copy)]
+pub enum HostUse {
+    /// The wall clock: returns `event` when it reads a time after 2023, traps otherwise.
+    Clock,
+    /// Randomness: returns `event` when `get-random-u64` gives a non-zero number.
+    Random,
+    /// The environment: returns the value of its first variable as the event.
+    Env,
+}
+
+/// A component importing the wall clock, randomness and the environment (WASI 0.2.3
+/// names) and calling the one `what` names; without the grant the stub traps.
+pub fn uses_host(what: HostUse, event: &str) -> Vec<u8> {
+    let body = match what {
+        HostUse::Clock => {
+            "(call $now (i32.const 64))
+      (if (i64.lt_u (i64.load (i32.const 64)) (i64.const 1700000000)) (then unreachable))
+      (i32.store (i32.const 128) (i32.const 1024))
+      (i32.store (i32.const 132) (i32.const LEN))"
+        }
+        HostUse::Random => {
+            "(if (i64.eqz (call $rand)) (then unreachable))
+      (i32.store (i32.const 128) (i32.const 1024))
+      (i32.store (i32.const 132) (i32.const LEN))"
+        }
+        HostUse::Env => {
+            "(call $env (i32.const 64))
+      (if (i32.eqz (i32.load (i32.const 68))) (then unreachable))
+      (i32.store (i32.const 128) (i32.load offset=8 (i32.load (i32.const 64))))
+      (i32.store (i32.const 132) (i32.load offset=12 (i32.load (i32.const 64))))"
+        }
+    }
+    .replace("LEN", &event.len().to_string());
+    let text = format!(
+        r#"(component
+  (type $datetime (record (field "seconds" u64) (field "nanoseconds" u32)))
+  (import "wasi:clocks/wall-clock@0.2.3" (instance $clock
+    (export "datetime" (type $dt (eq $datetime)))
+    (export "now" (func (result $dt)))))
+  (import "wasi:random/random@0.2.3" (instance $random
+    (export "get-random-u64" (func (result u64)))))
+  (import "wasi:cli/environment@0.2.3" (instance $environment
+    (export "get-environment" (func (result (list (tuple string string)))))))
+  (alias export $clock "now" (func $now))
+  (alias export $random "get-random-u64" (func $rand))
+  (alias export $environment "get-environment" (func $getenv))
+  (core module $mem
+    (memory (export "memory") 1)
+    (global $bump (mut i32) (i32.const 4096))
+    (func (export "realloc") (param i32 i32 i32 i32) (result i32)
+      (local $p i32)
+      (if (i32.gt_u (i32.add (global.get $bump) (local.get 3)) (i32.const 60000))
+        (then (global.set $bump (i32.const 4096))))
+      (local.set $p (global.get $bump))
+      (global.set $bump (i32.and (i32.add (i32.add (global.get $bump) (local.get 3)) (i32.const 7)) (i32.const -8)))
+      (local.get $p)))
+  (core instance $mi (instantiate $mem))
+  (core func $now_lowered (canon lower (func $now) (memory (core memory $mi "memory"))))
+  (core func $rand_lowered (canon lower (func $rand)))
+  (core func $env_lowered (canon lower (func $getenv) (memory (core memory $mi "memory")) (realloc (core func $mi "realloc"))))
+  (core module $m
+    (import "host" "now" (func $now (param i32)))
+    (import "host" "rand" (func $rand (result i64)))
+    (import "host" "env" (func $env (param i32)))
+    (import "host" "memory" (memory 1))
+    (data (i32.const 1024) "{event}")
+    (func (export "handle") (param i32 i32) (result i32)
+      {body}
+      (i32.store8 (i32.const 16) (i32.const 0))
+      (i32.store (i32.const 20) (i32.const 128))
+      (i32.store (i32.const 24) (i32.const 1))
+      (i32.const 16)))
+  (core instance $i (instantiate $m (with "host" (instance
+    (export "now" (func $now_lowered))
+    (export "rand" (func $rand_lowered))
+    (export "env" (func $env_lowered))
+    (export "memory" (memory $mi "memory"))))))
+  (func (export "handle") (param "event" string) (result (result (list string) (error string)))
+    (canon lift (core func $i "handle") (memory (core memory $mi "memory")) (realloc (core func $mi "realloc"))))
+)"#,
+        event = escape(event.as_bytes())
+    );
+    match wat::parse_str(&text) {
+        Ok(bytes) => bytes,
+        Err(e) => panic!("test component does not assemble: {e}\n{text}"),
+    }
 }

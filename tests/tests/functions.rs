@@ -10,7 +10,10 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{json, Value};
 use sluice_tests::admin::{call, get, put};
-use sluice_tests::wasm::{component, reads_the_clock, wrong_signature, Behaviour};
+use sluice_tests::bench::post_batches;
+use sluice_tests::wasm::{
+    component, reads_the_clock, uses_host, wrong_signature, Behaviour, HostUse,
+};
 use sluice_tests::{bus_to_file, client, post, read_jsonl, rule_on, wait_jsonl, Sluice};
 
 /// Writes a component for `behaviour` to `dir/{name}.wasm` and returns the TOML of the
@@ -38,6 +41,16 @@ fn through(rule: &str, transform: &str) -> String {
     )
 }
 
+/// A standalone gateway (`os` durability, no default rule) with `extra` in its file.
+async fn start(extra: &str) -> Sluice {
+    Sluice::builder()
+        .durability("os")
+        .without_default_rule()
+        .extra(extra)
+        .start()
+        .await
+}
+
 async fn post_one(sluice: &Sluice, id: &str, data: &str) {
     post(&client(), &sluice.events_url(), id, data).await;
 }
@@ -60,12 +73,7 @@ async fn map_filter_and_fan_out_run_in_chains_with_built_in_steps() {
     );
     extra += &through("dropped", r#"[{ wasm = "drop" }]"#);
     extra += &through("fanned", r#"[{ wasm = "fan" }, { wasm = "map" }]"#);
-    let sluice = Sluice::builder()
-        .durability("os")
-        .without_default_rule()
-        .extra(&extra)
-        .start()
-        .await;
+    let sluice = start(&extra).await;
     for i in 0..5 {
         post_one(&sluice, &format!("e-{i}"), r#"{"n":1}"#).await;
     }
@@ -165,12 +173,7 @@ async fn failures_are_dead_lettered_with_their_cause_and_the_next_event_still_ru
     extra += &through("clock", r#"[{ wasm = "clock" }]"#);
     extra += &function(dir.path(), "map", &Behaviour::map("ok"), "");
     extra += &through("healthy", r#"[{ wasm = "map" }]"#);
-    let sluice = Sluice::builder()
-        .durability("os")
-        .without_default_rule()
-        .extra(&extra)
-        .start()
-        .await;
+    let sluice = start(&extra).await;
     post_one(&sluice, "bad-1", r#"{"n":1}"#).await;
     let dlq = sluice.data_dir().join("dlq.jsonl");
     let letters = wait_jsonl(&dlq, Duration::from_secs(30), |l| l.len() > cases.len()).await;
@@ -274,12 +277,7 @@ fn rule_through(rule: &str, transform: Value) -> Value {
 
 #[tokio::test]
 async fn functions_are_uploaded_checked_updated_hot_and_kept_while_used() {
-    let sluice = Sluice::builder()
-        .durability("os")
-        .without_default_rule()
-        .extra(&(bus_to_file("out") + &bus_to_file("dlq")))
-        .start()
-        .await;
+    let sluice = start(&(bus_to_file("out") + &bus_to_file("dlq"))).await;
     // Refusals, each naming what is wrong.
     let (status, body) = upload(&sluice, "map", b"\0asm nope".to_vec(), "").await;
     assert_eq!(status, 400, "{body}");
@@ -487,12 +485,7 @@ async fn replicas_load_a_function_created_through_the_api() {
 
 #[tokio::test]
 async fn ctl_apply_uploads_the_functions_a_file_names_by_path() {
-    let sluice = Sluice::builder()
-        .durability("os")
-        .without_default_rule()
-        .extra(&(bus_to_file("out") + &bus_to_file("dlq")))
-        .start()
-        .await;
+    let sluice = start(&(bus_to_file("out") + &bus_to_file("dlq"))).await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("m.wasm"), component(&Behaviour::map("ctl"))).unwrap();
     let file = dir.path().join("apply.yaml");
@@ -572,4 +565,132 @@ async fn a_slow_function_holds_up_neither_the_reader_nor_other_rules() {
         "the other rule was not waiting for the slow function ({dead} dead letters after {took:?})"
     );
     assert!(took < Duration::from_secs(8), "{took:?}");
+}
+
+#[tokio::test]
+async fn an_instance_serves_a_batch_unless_the_function_asks_for_one_per_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut extra = bus_to_file("out") + &bus_to_file("dlq");
+    extra += &function(dir.path(), "kept", &Behaviour::Remembers, "");
+    extra += &function(
+        dir.path(),
+        "fresh",
+        &Behaviour::Remembers,
+        "isolation = \"event\"",
+    );
+    for name in ["kept", "fresh"] {
+        extra += &through(
+            name,
+            &format!(
+                r#"[{{ wasm = "{name}" }}, {{ form = "SET_ATTRIBUTES", attributes = {{ by = "{name}" }} }}]"#
+            ),
+        );
+    }
+    let sluice = start(&extra).await;
+    let posted = post_batches(&sluice.events_url(), 60, 1, 30, |i| {
+        json!({"specversion": "1.0", "id": format!("b-{i}"), "source": "t", "type": "t", "data": {"i": i}})
+    })
+    .await;
+    assert_eq!(posted, 60);
+    let out = sluice.data_dir().join("out.jsonl");
+    let got = wait_jsonl(&out, Duration::from_secs(30), |l| l.len() >= 120).await;
+    let firsts = |by: &str| -> Vec<&str> {
+        got.iter()
+            .filter(|e| ext(e, "by") == Some(by))
+            .filter_map(|e| ext(e, "first"))
+            .collect()
+    };
+    let (kept, fresh) = (firsts("kept"), firsts("fresh"));
+    assert_eq!((kept.len(), fresh.len()), (60, 60), "{got:#?}");
+    assert!(
+        fresh.iter().all(|f| *f == "yes"),
+        "`isolation = \"event\"`: every event has a fresh instance: {fresh:?}"
+    );
+    assert!(
+        kept.iter().filter(|f| **f == "no").count() > 0,
+        "by default an instance serves the events of a batch: {kept:?}"
+    );
+    assert!(read_jsonl(&sluice.data_dir().join("dlq.jsonl")).is_empty());
+}
+
+#[tokio::test]
+async fn grants_open_the_clock_randomness_and_environment_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let event =
+        |id: &str| format!(r#"{{"specversion":"1.0","id":"{id}","source":"t","type":"granted"}}"#);
+    let mut extra = bus_to_file("out") + &bus_to_file("dlq");
+    let cases = [
+        ("clock", HostUse::Clock, "grants = [\"clocks\"]"),
+        ("random", HostUse::Random, "grants = [\"random\"]"),
+        ("env", HostUse::Env, ""),
+    ];
+    for (name, what, grant) in cases {
+        for granted in [true, false] {
+            let fname = format!("{name}-{}", if granted { "granted" } else { "denied" });
+            let path = dir.path().join(format!("{fname}.wasm"));
+            std::fs::write(&path, uses_host(what, &event(&fname))).unwrap();
+            let settings = match (what, granted) {
+                (HostUse::Env, true) => format!("env = {{ EVENT = '{}' }}", event(&fname)),
+                (_, true) => grant.to_string(),
+                // Another grant than the one it needs: still denied.
+                (HostUse::Clock, false) => "grants = [\"random\"]".into(),
+                (_, false) => "grants = [\"clocks\"]".into(),
+            };
+            extra += &format!(
+                "\n[[functions]]\nname = \"{fname}\"\npath = \"{}\"\n{settings}\n",
+                path.display()
+            );
+            extra += &through(&fname, &format!(r#"[{{ wasm = "{fname}" }}]"#));
+        }
+    }
+    let sluice = start(&extra).await;
+    post_one(&sluice, "g-1", r#"{"n":1}"#).await;
+    let out = sluice.data_dir().join("out.jsonl");
+    let dlq = sluice.data_dir().join("dlq.jsonl");
+    let got = wait_jsonl(&out, Duration::from_secs(30), |l| l.len() >= 3).await;
+    let letters = wait_jsonl(&dlq, Duration::from_secs(30), |l| l.len() >= 3).await;
+    for (name, _, _) in cases {
+        let granted = format!("{name}-granted");
+        assert!(
+            got.iter().any(|e| e["id"] == granted.as_str()),
+            "{granted} delivers: {got:#?}"
+        );
+        let denied = format!("{name}-denied");
+        let letter = letters
+            .iter()
+            .find(|l| ext(l, "deadletterrule") == Some(denied.as_str()))
+            .unwrap_or_else(|| panic!("{denied} is dead-lettered: {letters:#?}"));
+        let reason = ext(letter, "deadletterreason").unwrap();
+        assert!(reason.contains("unknown import"), "{denied}: {reason}");
+        assert!(reason.contains("not granted"), "{denied}: {reason}");
+        assert!(reason.contains("not granted"), "{denied}: {reason}");
+    }
+    assert_eq!(got.len(), 3, "{got:#?}");
+
+    // Through the API: the grants and environment are query parameters, checked.
+    let bytes = uses_host(HostUse::Env, &event("api"));
+    let (status, body) = upload(
+        &sluice,
+        "api-env",
+        bytes.clone(),
+        "?grant=clocks,random&env=A=1&env=B=x%3Dy&isolation=event",
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["grants"], json!(["clocks", "random"]));
+    assert_eq!(body["env"], json!({"A": "1", "B": "x=y"}));
+    assert_eq!(body["isolation"], "event");
+    let (status, body) = upload(&sluice, "api-net", bytes.clone(), "?grant=network").await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["field"], "grant", "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("never granted"),
+        "{body}"
+    );
+    let (status, body) = upload(&sluice, "api-env2", bytes, "?env=NOEQUALS").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("NAME=value"),
+        "{body}"
+    );
 }

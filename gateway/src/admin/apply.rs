@@ -77,11 +77,11 @@ pub(super) async fn apply(
             )
             .into_response();
         };
-        match state.catalog.store().component(sha).await {
-            Ok(Some(_)) => {}
+        match state.catalog.store().has_component(sha).await {
+            Ok(true) => {}
             // `sluice ctl apply --dry-run` names the files' components without uploading.
-            Ok(None) if dry_run => {}
-            Ok(None) => {
+            Ok(false) if dry_run => {}
+            Ok(false) => {
                 return Problem::invalid_resource(
                     &format!("/functions/{i}/sha256"),
                     format!(

@@ -1,5 +1,6 @@
 //! WebAssembly functions as resources of the catalog: the component's bytes go up with
-//! `PUT /api/v1/functions/{name}` (`application/wasm`, limits as query parameters), are
+//! `PUT /api/v1/functions/{name}` (`application/wasm`, limits, isolation, grants and
+//! environment as query parameters), are
 //! checked (a component of the `sluice:function/transform` world), kept by their SHA-256,
 //! and the catalog names them by it.
 
@@ -18,7 +19,7 @@ use crate::admin::resources::*;
 use crate::admin::state::{store_problem, AdminState};
 use crate::catalog::{self, Snapshot};
 use crate::problem::Problem;
-use crate::wasm::{FunctionConfig, MAX_COMPONENT_BYTES};
+use crate::wasm::{FunctionConfig, Grant, Isolation, MAX_COMPONENT_BYTES};
 
 pub(super) async fn list_functions(State(state): State<Arc<AdminState>>) -> Response {
     list(&state, |s| {
@@ -86,10 +87,12 @@ pub(super) async fn get_component(
     }
 }
 
-/// The limits a `PUT` gives as query parameters (the defaults for those it leaves out).
-fn with_limits(
+/// The settings a `PUT` gives as query parameters (the defaults for those it leaves out):
+/// `timeout`, `max_memory_bytes`, `max_events`, `max_output_bytes`, `isolation`, `grant`
+/// (repeated, or comma-separated) and `env` (repeated, `NAME=value`).
+fn with_settings(
     mut f: FunctionConfig,
-    query: &HashMap<String, String>,
+    query: &[(String, String)],
 ) -> Result<FunctionConfig, Problem> {
     for (key, value) in query {
         let bad = |why: String| Problem::bad_request(key.clone(), format!("`{key}`: {why}"));
@@ -102,16 +105,37 @@ fn with_limits(
             "max_output_bytes" => {
                 f.max_output_bytes = value.parse().map_err(|_| bad("must be a number of bytes".into()))?
             }
+            "isolation" => {
+                f.isolation = match value.as_str() {
+                    "batch" => Isolation::Batch,
+                    "event" => Isolation::Event,
+                    _ => return Err(bad("must be `batch` or `event`".into())),
+                }
+            }
+            "grant" | "grants" => {
+                for g in value.split(',').map(str::trim).filter(|g| !g.is_empty()) {
+                    let g: Grant = g.parse().map_err(bad)?;
+                    if !f.grants.contains(&g) {
+                        f.grants.push(g);
+                    }
+                }
+            }
+            "env" => {
+                let Some((name, v)) = value.split_once('=') else {
+                    return Err(bad("must be `NAME=value`".into()));
+                };
+                f.env.insert(name.to_string(), v.to_string());
+            }
             other => {
                 return Err(Problem::bad_request(
                     other.to_string(),
-                    format!("unknown query parameter `{other}` (timeout, max_memory_bytes, max_events, max_output_bytes)"),
+                    format!("unknown query parameter `{other}` (timeout, max_memory_bytes, max_events, max_output_bytes, isolation, grant, env)"),
                 ))
             }
         }
     }
-    f.limits()
-        .check()
+    f.grants.sort();
+    f.check()
         .map_err(|(pointer, m)| Problem::bad_request(pointer.trim_start_matches('/'), m))?;
     Ok(f)
 }
@@ -120,7 +144,7 @@ fn with_limits(
 pub(super) async fn put_function(
     State(state): State<Arc<AdminState>>,
     Path(name): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
+    Query(query): Query<Vec<(String, String)>>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
@@ -149,15 +173,17 @@ pub(super) async fn put_function(
         .into_response();
     }
     let sha = crate::wasm::sha256_hex(&body);
-    let resource = match with_limits(FunctionConfig::new(&name, &sha, body.len() as u64), &query) {
+    let resource = match with_settings(FunctionConfig::new(&name, &sha, body.len() as u64), &query)
+    {
         Ok(f) => f,
         Err(p) => return p.into_response(),
     };
     // Compiled here first: a component that cannot run never reaches the catalog (and
     // its compiled form is then in this replica's cache).
     let check = {
-        let (bytes, sha) = (body.clone(), sha.clone());
-        tokio::task::spawn_blocking(move || crate::wasm::registry().validate(&bytes, &sha)).await
+        let (bytes, function) = (body.clone(), resource.clone());
+        tokio::task::spawn_blocking(move || crate::wasm::registry().validate(&bytes, &function))
+            .await
     };
     match check {
         Ok(Ok(())) => {}

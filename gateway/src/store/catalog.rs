@@ -91,6 +91,8 @@ pub trait CatalogStore: Send + Sync {
     async fn put_component(&self, sha256: &str, bytes: &[u8]) -> Result<(), StoreError>;
     /// A function's component by its SHA-256.
     async fn component(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Whether a component is stored, without reading it.
+    async fn has_component(&self, sha256: &str) -> Result<bool, StoreError>;
 }
 
 /// The catalog in the data directory (standalone): `catalog.json`, replaced atomically
@@ -241,6 +243,17 @@ impl CatalogStore for FileCatalog {
         match tokio::fs::read(&path).await {
             Ok(bytes) => Ok(Some(bytes)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StoreError::io("cannot read a function's component", &e)),
+        }
+    }
+
+    async fn has_component(&self, sha256: &str) -> Result<bool, StoreError> {
+        let Some(path) = self.component_path(sha256) else {
+            return Ok(false);
+        };
+        match tokio::fs::metadata(&path).await {
+            Ok(meta) => Ok(meta.is_file()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(StoreError::io("cannot read a function's component", &e)),
         }
     }

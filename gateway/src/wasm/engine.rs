@@ -1,18 +1,21 @@
 //! The WebAssembly runtime: one wasmtime engine (Cranelift, component model, epoch
 //! interruption) for the process, components compiled once per content hash (and kept
-//! compiled on disk), and one call: a fresh store and instance per event, under the
-//! function's time and memory limits.
+//! compiled on disk), and instances: a store and instance under the function's time and
+//! memory limits, which serves one event or the events of one batch in turn.
 //!
-//! Nothing of the host is reachable from a function: every import a component declares
-//! (WASI interfaces included) is linked to a stub that traps when called, so a function
-//! that reads a file, the clock, randomness or the environment fails that event instead
-//! of reaching the gateway's process.
+//! Nothing of the host is reachable from a function unless its configuration grants it:
+//! every import a component declares (WASI interfaces included) is linked to a stub that
+//! traps when called, so a function that reads a file, the clock, randomness or the
+//! environment fails that event instead of reaching the gateway's process. The grants
+//! (`Grants`) are the wall and monotonic clocks, randomness, and a set of environment
+//! variables named in the function's configuration (never the gateway's own); files and
+//! the network are never granted.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use wasmtime::component::{Component, ComponentExportIndex, InstancePre, Linker};
+use wasmtime::component::{Component, ComponentExportIndex, InstancePre, Linker, TypedFunc, Val};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 
 use super::Limits;
@@ -160,7 +163,148 @@ impl ResourceLimiter for Sandbox {
     }
 }
 
-/// A compiled function, ready to be instantiated for each call.
+/// What a function may reach of the host, beyond its event (nothing by default).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grants {
+    /// `wasi:clocks/wall-clock` and `wasi:clocks/monotonic-clock` (`now`, `resolution`).
+    pub clocks: bool,
+    /// `wasi:random/random`, `wasi:random/insecure` and `wasi:random/insecure-seed`.
+    pub random: bool,
+    /// What `wasi:cli/environment` answers: these variables only (none: not granted).
+    pub env: Vec<(String, String)>,
+}
+
+/// The largest `get-random-bytes` request answered (a function asking more traps).
+const MAX_RANDOM_BYTES: u64 = 1 << 20;
+
+/// Defines, at the exact names the component imports them (any `0.2.x` version), the
+/// WASI functions `grants` allows. Everything else stays a trapping stub.
+fn grant(
+    linker: &mut Linker<Sandbox>,
+    component: &Component,
+    grants: &Grants,
+) -> wasmtime::Result<()> {
+    let engine = linker.engine().clone();
+    let imports: Vec<String> = component
+        .component_type()
+        .imports(&engine)
+        .map(|(name, _)| name.to_string())
+        .collect();
+    for name in imports {
+        let Some((interface, version)) = name.split_once('@') else {
+            continue;
+        };
+        let granted = version.starts_with("0.2.")
+            && match interface {
+                "wasi:clocks/wall-clock" | "wasi:clocks/monotonic-clock" => grants.clocks,
+                "wasi:random/random" | "wasi:random/insecure" | "wasi:random/insecure-seed" => {
+                    grants.random
+                }
+                "wasi:cli/environment" => !grants.env.is_empty(),
+                _ => false,
+            };
+        if !granted {
+            continue;
+        }
+        let mut at = linker.instance(&name)?;
+        match interface {
+            "wasi:clocks/wall-clock" if grants.clocks => {
+                at.func_new("now", |_, _, _, results| {
+                    let since = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default();
+                    results[0] = datetime(since.as_secs(), since.subsec_nanos());
+                    Ok(())
+                })?;
+                at.func_new("resolution", |_, _, _, results| {
+                    results[0] = datetime(0, 1);
+                    Ok(())
+                })?;
+            }
+            "wasi:clocks/monotonic-clock" if grants.clocks => {
+                at.func_new("now", |_, _, _, results| {
+                    let nanos = process_start().elapsed().as_nanos();
+                    results[0] = Val::U64(u64::try_from(nanos).unwrap_or(u64::MAX));
+                    Ok(())
+                })?;
+                at.func_new("resolution", |_, _, _, results| {
+                    results[0] = Val::U64(1);
+                    Ok(())
+                })?;
+            }
+            "wasi:random/random" | "wasi:random/insecure" if grants.random => {
+                let (bytes, number) = if interface == "wasi:random/random" {
+                    ("get-random-bytes", "get-random-u64")
+                } else {
+                    ("get-insecure-random-bytes", "get-insecure-random-u64")
+                };
+                at.func_new(bytes, |_, _, params, results| {
+                    let Some(Val::U64(len)) = params.first() else {
+                        wasmtime::bail!("get-random-bytes takes a u64");
+                    };
+                    if *len > MAX_RANDOM_BYTES {
+                        wasmtime::bail!("more than {MAX_RANDOM_BYTES} random bytes asked at once");
+                    }
+                    let mut buf = vec![0u8; *len as usize];
+                    getrandom::fill(&mut buf).map_err(|e| wasmtime::format_err!("{e}"))?;
+                    results[0] = Val::List(buf.into_iter().map(Val::U8).collect());
+                    Ok(())
+                })?;
+                at.func_new(number, |_, _, _, results| {
+                    results[0] = Val::U64(random_u64()?);
+                    Ok(())
+                })?;
+            }
+            "wasi:random/insecure-seed" if grants.random => {
+                at.func_new("insecure-seed", |_, _, _, results| {
+                    results[0] = Val::Tuple(vec![Val::U64(random_u64()?), Val::U64(random_u64()?)]);
+                    Ok(())
+                })?;
+            }
+            "wasi:cli/environment" if !grants.env.is_empty() => {
+                let env: Vec<Val> = grants
+                    .env
+                    .iter()
+                    .map(|(k, v)| Val::Tuple(vec![Val::String(k.clone()), Val::String(v.clone())]))
+                    .collect();
+                at.func_new("get-environment", move |_, _, _, results| {
+                    results[0] = Val::List(env.clone());
+                    Ok(())
+                })?;
+                at.func_new("get-arguments", |_, _, _, results| {
+                    results[0] = Val::List(Vec::new());
+                    Ok(())
+                })?;
+                at.func_new("initial-cwd", |_, _, _, results| {
+                    results[0] = Val::Option(None);
+                    Ok(())
+                })?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn datetime(seconds: u64, nanoseconds: u32) -> Val {
+    Val::Record(vec![
+        ("seconds".into(), Val::U64(seconds)),
+        ("nanoseconds".into(), Val::U32(nanoseconds)),
+    ])
+}
+
+fn random_u64() -> wasmtime::Result<u64> {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).map_err(|e| wasmtime::format_err!("{e}"))?;
+    Ok(u64::from_le_bytes(b))
+}
+
+fn process_start() -> Instant {
+    static START: OnceLock<Instant> = OnceLock::new();
+    *START.get_or_init(Instant::now)
+}
+
+/// A compiled function, ready to be instantiated.
 pub struct Compiled {
     pre: InstancePre<Sandbox>,
     handle: ComponentExportIndex,
@@ -171,14 +315,22 @@ type Handle = (Result<Vec<String>, String>,);
 
 impl Compiled {
     /// Compiles `bytes` (a component), or loads what an earlier compile of the same bytes
-    /// left in `cache` (a directory only the gateway writes).
-    pub fn load(bytes: &[u8], sha256: &str, cache: Option<&Path>) -> Result<Compiled, LoadError> {
+    /// left in `cache` (a directory only the gateway writes), links what `grants` allows,
+    /// and proves it instantiates within `limits` with the contract's `handle`.
+    pub fn load(
+        bytes: &[u8],
+        sha256: &str,
+        cache: Option<&Path>,
+        limits: &Limits,
+        grants: &Grants,
+    ) -> Result<Compiled, LoadError> {
         let engine = engine()?;
         let component = match cache {
             Some(dir) => cached(engine, bytes, sha256, dir)?,
             None => Component::new(engine, bytes).map_err(|e| invalid(&e))?,
         };
         let mut linker: Linker<Sandbox> = Linker::new(engine);
+        grant(&mut linker, &component, grants).map_err(|e| invalid(&e))?;
         linker
             .define_unknown_imports_as_traps(&component)
             .map_err(|e| invalid(&e))?;
@@ -193,21 +345,13 @@ impl Compiled {
             handle,
             sha256: sha256.to_string(),
         };
-        // Proves the export has the contract's type (and that the component instantiates
-        // within the default limits).
-        let mut store = compiled.store(&Limits::default());
-        let instance = compiled
-            .pre
-            .instantiate(&mut store)
-            .map_err(|e| invalid(&e))?;
-        instance
-            .get_typed_func::<(&str,), Handle>(&mut store, &compiled.handle)
-            .map_err(|e| {
-                LoadError::Invalid(format!(
-                    "`handle` must be `func(event: string) -> result<list<string>, string>`: {e}"
-                ))
-            })?;
-        Ok(compiled)
+        // Proves the export has the contract's type and that the component starts within
+        // the function's own limits.
+        match compiled.instantiate(limits) {
+            Ok(_) => Ok(compiled),
+            Err(CallError::InvalidOutput(why)) => Err(LoadError::Invalid(why)),
+            Err(e) => Err(LoadError::Invalid(format!("it does not start: {e}"))),
+        }
     }
 
     fn store(&self, limits: &Limits) -> Store<Sandbox> {
@@ -219,39 +363,102 @@ impl Compiled {
             },
         );
         store.limiter(|s| s as &mut dyn ResourceLimiter);
-        let ticks = limits.timeout.as_micros() / TICK.as_micros().max(1) + 1;
-        store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
+        store.set_epoch_deadline(deadline(limits));
         store.epoch_deadline_trap();
         store
+    }
+
+    /// A new instance under `limits` (its start-up counts against the time limit).
+    pub fn instantiate(&self, limits: &Limits) -> Result<Instance, CallError> {
+        let mut store = self.store(limits);
+        let started = Instant::now();
+        let made = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| failure(&e, &store, limits, started))?;
+        let handle = made
+            .get_typed_func::<(String,), Handle>(&mut store, &self.handle)
+            .map_err(|e| {
+                CallError::InvalidOutput(format!(
+                    "`handle` must be `func(event: string) -> result<list<string>, string>`: {e}"
+                ))
+            })?;
+        Ok(Instance {
+            store,
+            handle,
+            limits: limits.clone(),
+        })
     }
 
     /// Runs the function on one event (its structured JSON) in a fresh instance. Blocks
     /// for up to the time limit: call it from a blocking thread.
     pub fn call(&self, event: &str, limits: &Limits) -> Result<Vec<String>, CallError> {
-        let mut store = self.store(limits);
+        self.instantiate(limits)?.call(event.to_string())
+    }
+}
+
+/// A live instance of a function. Calls run one after another on it, each under the
+/// function's time limit; after a call that trapped, ran out of time or memory, or broke
+/// a limit, it must not be used again (`call` says so with `reusable`).
+pub struct Instance {
+    store: Store<Sandbox>,
+    handle: TypedFunc<(String,), Handle>,
+    pub(crate) limits: Limits,
+}
+
+impl Instance {
+    /// Runs the function on one event (its structured JSON). Blocks for up to the time
+    /// limit: call it from a blocking thread.
+    pub fn call(&mut self, event: String) -> Result<Vec<String>, CallError> {
+        self.store.set_epoch_deadline(deadline(&self.limits));
         let started = Instant::now();
-        let result = self
-            .pre
-            .instantiate(&mut store)
-            .and_then(|instance| {
-                instance.get_typed_func::<(&str,), Handle>(&mut store, &self.handle)
-            })
-            .and_then(|f| f.call(&mut store, (event,)));
-        match result {
-            Ok((Ok(events),)) => check_output(events, limits),
+        match self.handle.call(&mut self.store, (event,)) {
+            Ok((Ok(events),)) => check_output(events, &self.limits),
             Ok((Err(message),)) => Err(CallError::Returned(clip(message))),
-            Err(e) => Err(if store.data().breached {
-                CallError::Memory(limits.max_memory_bytes)
-            } else if matches!(e.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
-                CallError::Timeout(limits.timeout)
-            } else if started.elapsed() > limits.timeout + TICK * 4 {
-                // A trap raised late (say inside an import stub) still counts as the
-                // timeout it ran into.
-                CallError::Timeout(limits.timeout)
-            } else {
-                CallError::Trap(clip(format!("{e:#}")))
-            }),
+            Err(e) => Err(failure(&e, &self.store, &self.limits, started)),
         }
+    }
+}
+
+impl CallError {
+    /// Whether the instance that answered so may serve the next event: only after the
+    /// function itself returned an error (a trap leaves it unusable; a limit breach makes
+    /// a fresh start the safe course).
+    pub fn reusable(&self) -> bool {
+        matches!(self, CallError::Returned(_))
+    }
+}
+
+/// The epoch deadline of one call, in ticks from now.
+fn deadline(limits: &Limits) -> u64 {
+    let ticks = limits.timeout.as_micros() / TICK.as_micros().max(1) + 1;
+    u64::try_from(ticks).unwrap_or(u64::MAX)
+}
+
+/// Why a call (or an instantiation) failed, from wasmtime's error.
+fn failure(
+    e: &wasmtime::Error,
+    store: &Store<Sandbox>,
+    limits: &Limits,
+    started: Instant,
+) -> CallError {
+    if store.data().breached {
+        CallError::Memory(limits.max_memory_bytes)
+    } else if matches!(e.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
+        CallError::Timeout(limits.timeout)
+    } else if started.elapsed() > limits.timeout + TICK * 4 {
+        // A trap raised late (say inside an import stub) still counts as the timeout it
+        // ran into.
+        CallError::Timeout(limits.timeout)
+    } else {
+        let mut message = format!("{e:#}");
+        if message.contains("unknown import:") {
+            // The stub of an import nothing granted.
+            message.push_str(
+                " (not granted: a function reaches the clocks, randomness or an environment only through its `grants` and `env`)",
+            );
+        }
+        CallError::Trap(clip(message))
     }
 }
 

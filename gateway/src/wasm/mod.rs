@@ -11,7 +11,8 @@
 
 pub mod engine;
 
-use std::collections::{HashMap, HashSet};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
@@ -22,7 +23,7 @@ use serde_json::Value;
 use sha2::Digest;
 use tokio::sync::watch;
 
-pub use engine::{CallError, Compiled, LoadError};
+pub use engine::{CallError, Compiled, Grants, Instance, LoadError};
 
 use crate::store::catalog::CatalogStore;
 use crate::values::{duration, ser_duration};
@@ -64,7 +65,62 @@ pub struct FunctionConfig {
     /// Bytes one call may return, all events together.
     #[serde(default = "default_output")]
     pub max_output_bytes: u64,
+    /// How long an instance lives: the events of a batch in turn (`batch`, the default),
+    /// or one event (`event`).
+    #[serde(default, skip_serializing_if = "Isolation::is_batch")]
+    pub isolation: Isolation,
+    /// What of the host the function may reach (nothing by default): `clocks`, `random`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<Grant>,
+    /// The environment variables the function sees (`wasi:cli/environment`); none by
+    /// default, and never the gateway's own. Shown by the catalog: not for secrets.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
 }
+
+/// How long an instance of a function lives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    /// One instance serves the events of a delivery batch one after another (what a
+    /// function keeps in its globals lives until the batch ends or a call fails).
+    #[default]
+    Batch,
+    /// A fresh instance for every event.
+    Event,
+}
+
+impl Isolation {
+    fn is_batch(&self) -> bool {
+        *self == Isolation::Batch
+    }
+}
+
+/// A capability of the host a function may be granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Grant {
+    /// The wall and monotonic clocks (`wasi:clocks`).
+    Clocks,
+    /// Random bytes (`wasi:random`).
+    Random,
+}
+
+impl std::str::FromStr for Grant {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Grant, String> {
+        match s {
+            "clocks" => Ok(Grant::Clocks),
+            "random" => Ok(Grant::Random),
+            other => Err(format!(
+                "unknown grant `{other}`: a function may be granted `clocks` and `random` (files and the network are never granted; `env` sets its environment)"
+            )),
+        }
+    }
+}
+
+/// The largest environment a function may be given, names and values together.
+const MAX_ENV_BYTES: usize = 64 * 1024;
 
 /// What one call may use.
 #[derive(Debug, Clone, PartialEq)]
@@ -140,6 +196,22 @@ impl FunctionConfig {
             max_memory_bytes: l.max_memory_bytes,
             max_events: l.max_events,
             max_output_bytes: l.max_output_bytes,
+            isolation: Isolation::Batch,
+            grants: Vec::new(),
+            env: BTreeMap::new(),
+        }
+    }
+
+    /// What the function may reach of the host.
+    pub fn granted(&self) -> Grants {
+        Grants {
+            clocks: self.grants.contains(&Grant::Clocks),
+            random: self.grants.contains(&Grant::Random),
+            env: self
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
         }
     }
 
@@ -174,6 +246,22 @@ impl FunctionConfig {
                 ))
             }
             _ => {}
+        }
+        let mut bytes = 0;
+        for (name, value) in &self.env {
+            if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+                return Err((
+                    "/env",
+                    format!("environment variable `{name}`: a name is not empty and holds no `=` or NUL; a value holds no NUL"),
+                ));
+            }
+            bytes += name.len() + value.len();
+        }
+        if bytes > MAX_ENV_BYTES {
+            return Err((
+                "/env",
+                format!("the environment is {bytes} bytes, more than {MAX_ENV_BYTES}"),
+            ));
         }
         self.limits().check()
     }
@@ -243,8 +331,11 @@ pub async fn resolve_path(
 /// One function as this replica runs it.
 struct Entry {
     limits: Limits,
+    isolation: Isolation,
     /// The version the catalog names.
     wanted: String,
+    /// What it may reach of the host (a change links the component again).
+    grants: Grants,
     /// The version calls use (older than `wanted` while the new one compiles).
     current: Option<Arc<Compiled>>,
     /// Why `wanted` cannot be loaded here.
@@ -257,6 +348,42 @@ pub struct Registry {
     entries: RwLock<HashMap<String, Entry>>,
     changed: watch::Sender<u64>,
     max_event_bytes: std::sync::atomic::AtomicUsize,
+}
+
+/// Removes the compiled components (`{sha}-{engine}.cwasm`) of versions no function of
+/// the catalog names any more (and that were not written in the last ten minutes). Only
+/// compiled files: the components themselves (`.wasm`,
+/// kept by the catalog's store) stay.
+fn prune_cache(dir: &Path, keep: &HashSet<String>) {
+    let Ok(files) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for file in files.flatten() {
+        let name = file.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(stem) = name.strip_suffix(".cwasm") else {
+            continue;
+        };
+        let sha = stem.split('-').next().unwrap_or_default();
+        // A version compiled in the last minutes may be one an upload just checked and
+        // the catalog is about to name.
+        let recent = file
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_none_or(|age| age < Duration::from_secs(600));
+        if is_sha256(sha) && !keep.contains(sha) && !recent {
+            match std::fs::remove_file(file.path()) {
+                Ok(()) => {
+                    tracing::info!(file = %name, "removed the compiled form of a function version no longer in the catalog")
+                }
+                Err(e) => {
+                    tracing::warn!(file = %name, error = %e, "cannot remove an unused compiled function")
+                }
+            }
+        }
+    }
 }
 
 /// How many batches run functions at once: one per core. Calls are CPU work; more threads
@@ -322,28 +449,40 @@ impl Registry {
             };
             let entry = entries.entry(f.name.clone()).or_insert_with(|| Entry {
                 limits: f.limits(),
+                isolation: f.isolation,
                 wanted: String::new(),
+                grants: Grants::default(),
                 current: None,
                 error: None,
             });
             entry.limits = f.limits();
-            if entry.wanted == sha {
+            entry.isolation = f.isolation;
+            let grants = f.granted();
+            if entry.wanted == sha && entry.grants == grants {
                 continue;
             }
             entry.wanted = sha.clone();
+            entry.grants = grants.clone();
             entry.error = None;
-            tokio::spawn(self.load(f.name.clone(), sha, store.clone()));
+            tokio::spawn(self.load(f.name.clone(), sha, grants, store.clone()));
         }
+        let keep: HashSet<String> = entries.values().map(|e| e.wanted.clone()).collect();
         drop(entries);
         self.changed.send_modify(|v| *v += 1);
+        if let Some(dir) = self.cache_dir() {
+            tokio::task::spawn_blocking(move || prune_cache(&dir, &keep));
+        }
     }
 
-    async fn load(&'static self, name: String, sha: String, store: Arc<dyn CatalogStore>) {
-        let wanted = || {
-            read(&self.entries)
-                .get(&name)
-                .is_some_and(|e| e.wanted == sha)
-        };
+    async fn load(
+        &'static self,
+        name: String,
+        sha: String,
+        grants: Grants,
+        store: Arc<dyn CatalogStore>,
+    ) {
+        let is_wanted = |e: &Entry| e.wanted == sha && e.grants == grants;
+        let wanted = || read(&self.entries).get(&name).is_some_and(is_wanted);
         let mut wait = Duration::from_millis(200);
         let bytes = loop {
             if !wanted() {
@@ -355,12 +494,18 @@ impl Registry {
                     self.failed(
                         &name,
                         &sha,
+                        &grants,
                         "the stored component does not match its SHA-256".into(),
                     );
                     return;
                 }
                 Ok(None) => {
-                    self.failed(&name, &sha, "the component is not in the store".into());
+                    self.failed(
+                        &name,
+                        &sha,
+                        &grants,
+                        "the component is not in the store".into(),
+                    );
                     tokio::time::sleep(Duration::from_secs(5)).await;
                 }
                 Err(e) => {
@@ -373,13 +518,19 @@ impl Registry {
         let cache = self.cache_dir();
         let started = std::time::Instant::now();
         let id = sha.clone();
-        let compiled =
-            tokio::task::spawn_blocking(move || Compiled::load(&bytes, &id, cache.as_deref()))
-                .await;
+        let limits = read(&self.entries)
+            .get(&name)
+            .map(|e| e.limits.clone())
+            .unwrap_or_default();
+        let linked = grants.clone();
+        let compiled = tokio::task::spawn_blocking(move || {
+            Compiled::load(&bytes, &id, cache.as_deref(), &limits, &linked)
+        })
+        .await;
         match compiled {
             Ok(Ok(compiled)) => {
                 let mut entries = write(&self.entries);
-                if let Some(entry) = entries.get_mut(&name).filter(|e| e.wanted == sha) {
+                if let Some(entry) = entries.get_mut(&name).filter(|e| is_wanted(e)) {
                     entry.current = Some(Arc::new(compiled));
                     entry.error = None;
                     tracing::info!(function = %name, sha256 = %sha, took_ms = started.elapsed().as_millis() as u64, "function loaded");
@@ -387,16 +538,16 @@ impl Registry {
                 drop(entries);
                 self.changed.send_modify(|v| *v += 1);
             }
-            Ok(Err(e)) => self.failed(&name, &sha, e.to_string()),
-            Err(e) => self.failed(&name, &sha, format!("compiling panicked: {e}")),
+            Ok(Err(e)) => self.failed(&name, &sha, &grants, e.to_string()),
+            Err(e) => self.failed(&name, &sha, &grants, format!("compiling panicked: {e}")),
         }
     }
 
-    fn failed(&self, name: &str, sha: &str, why: String) {
+    fn failed(&self, name: &str, sha: &str, grants: &Grants, why: String) {
         tracing::error!(function = %name, sha256 = %sha, error = %why, "function cannot be loaded; the previous version (if any) keeps running");
         if let Some(entry) = write(&self.entries)
             .get_mut(name)
-            .filter(|e| e.wanted == sha)
+            .filter(|e| e.wanted == sha && e.grants == *grants)
         {
             entry.error = Some(why);
         }
@@ -419,11 +570,11 @@ impl Registry {
             .collect()
     }
 
-    /// The version a call starts with now, and its limits.
-    pub fn get(&self, name: &str) -> Option<(Arc<Compiled>, Limits)> {
+    /// The version a call starts with now, its limits and how long its instances live.
+    pub fn get(&self, name: &str) -> Option<(Arc<Compiled>, Limits, Isolation)> {
         let entries = read(&self.entries);
         let e = entries.get(name)?;
-        Some((e.current.clone()?, e.limits.clone()))
+        Some((e.current.clone()?, e.limits.clone(), e.isolation))
     }
 
     /// Waits until each named function has a version to run (or `stop` moves): a chain
@@ -459,10 +610,19 @@ impl Registry {
         }
     }
 
-    /// Checks a component before it goes into the catalog: it compiles and exports
-    /// `handle` with the contract's type. Blocking (compiling takes a while).
-    pub fn validate(&self, bytes: &[u8], sha256: &str) -> Result<(), LoadError> {
-        Compiled::load(bytes, sha256, self.cache_dir().as_deref()).map(|_| ())
+    /// Checks a component before it goes into the catalog: it compiles, exports `handle`
+    /// with the contract's type and starts within the function's limits and grants.
+    /// Blocking (compiling takes a while).
+    pub fn validate(&self, bytes: &[u8], function: &FunctionConfig) -> Result<(), LoadError> {
+        let sha = function.sha256.clone().unwrap_or_else(|| sha256_hex(bytes));
+        Compiled::load(
+            bytes,
+            &sha,
+            self.cache_dir().as_deref(),
+            &function.limits(),
+            &function.granted(),
+        )
+        .map(|_| ())
     }
 
     fn max_event_bytes(&self) -> usize {
@@ -471,32 +631,72 @@ impl Registry {
     }
 }
 
-/// Runs a chain's functions from the process's registry, counting each call.
+/// Runs a chain's functions from the process's registry, counting each call. One host
+/// serves one batch: a function whose isolation is `batch` keeps its instance for the
+/// batch's next events (a fresh one after a call that failed, or a new version).
 #[derive(Default)]
 pub struct Host {
     /// Every call's input and output, for the rule test.
     pub trace: Option<std::sync::Mutex<Vec<Value>>>,
+    live: RefCell<HashMap<String, (Arc<Compiled>, Instance)>>,
 }
 
 impl Host {
     pub fn tracing() -> Host {
         Host {
             trace: Some(std::sync::Mutex::new(Vec::new())),
+            live: RefCell::default(),
         }
+    }
+
+    /// One call of `name` on `text`, in the batch's instance when it may serve it.
+    fn run(
+        &self,
+        name: &str,
+        compiled: &Arc<Compiled>,
+        limits: &Limits,
+        isolation: Isolation,
+        text: String,
+    ) -> Result<Vec<String>, CallError> {
+        if isolation == Isolation::Event {
+            return compiled.instantiate(limits)?.call(text);
+        }
+        let mut live = self.live.borrow_mut();
+        let kept = live
+            .remove(name)
+            .filter(|(c, i)| Arc::ptr_eq(c, compiled) && i.limits == *limits);
+        let mut instance = match kept {
+            Some((_, instance)) => instance,
+            None => compiled.instantiate(limits)?,
+        };
+        let result = instance.call(text);
+        if result.as_ref().err().is_none_or(CallError::reusable) {
+            live.insert(name.to_string(), (compiled.clone(), instance));
+        }
+        result
     }
 }
 
 impl sluice_functions::FunctionHost for Host {
     fn call(&self, name: &str, event: &Event) -> Result<Vec<Event>, String> {
         let registry = registry();
-        let (compiled, limits) = registry
+        let (compiled, limits, isolation) = registry
             .get(name)
             .ok_or_else(|| format!("function `{name}` is not loaded on this replica"))?;
-        let input = sluice_functions::transform::structured(event)?;
-        let text = serde_json::to_string(&input).map_err(|e| e.to_string())?;
-        let result = compiled.call(&text, &limits).and_then(|out| {
-            parse_all(&out, registry.max_event_bytes()).map(|events| (out, events))
-        });
+        // The structured form: written straight from the event when its data is JSON
+        // already (or absent); a text or binary payload holding JSON goes in as JSON.
+        let text = match event.data() {
+            Some(cloudevents::Data::String(_) | cloudevents::Data::Binary(_)) => {
+                serde_json::to_string(&sluice_functions::transform::structured(event)?)
+            }
+            _ => serde_json::to_string(event),
+        }
+        .map_err(|e| format!("cannot serialize the event: {e}"))?;
+        let result = self
+            .run(name, &compiled, &limits, isolation, text)
+            .and_then(|out| {
+                parse_all(&out, registry.max_event_bytes()).map(|events| (out, events))
+            });
         crate::metrics::get().function_call(
             name,
             match &result {
@@ -550,21 +750,43 @@ fn parse_one(text: &str, max_event_bytes: usize) -> Result<Event, String> {
             text.len()
         ));
     }
-    let value: Value = serde_json::from_str(text).map_err(|e| format!("not JSON ({e})"))?;
+    // One parse straight into the event when it is a good one; the text is read again
+    // only to say what is wrong with a bad one.
+    match serde_json::from_str::<Event>(text) {
+        Ok(event) if event_is_complete(&event) => Ok(event),
+        Ok(_) => Err(explain(text).unwrap_or_else(|| "not a CloudEvent".into())),
+        Err(e) => Err(explain(text).unwrap_or_else(|| format!("not a CloudEvent: {e}"))),
+    }
+}
+
+fn event_is_complete(event: &Event) -> bool {
+    use cloudevents::AttributesReader;
+    event.specversion() == cloudevents::event::SpecVersion::V10
+        && !event.id().is_empty()
+        && !event.ty().is_empty()
+        && !event.source().is_empty()
+}
+
+/// What makes `text` a bad event, when it is one of the contract's named faults.
+fn explain(text: &str) -> Option<String> {
+    let value: Value = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => return Some(format!("not JSON ({e})")),
+    };
     let Value::Object(map) = &value else {
-        return Err("not a JSON object".into());
+        return Some("not a JSON object".into());
     };
     for attr in REQUIRED {
         match map.get(attr) {
             Some(Value::String(s)) if !s.is_empty() => {}
-            Some(_) => return Err(format!("`{attr}` must be a non-empty string")),
-            None => return Err(format!("the required attribute `{attr}` is missing")),
+            Some(_) => return Some(format!("`{attr}` must be a non-empty string")),
+            None => return Some(format!("the required attribute `{attr}` is missing")),
         }
     }
     if map.get("specversion").and_then(Value::as_str) != Some("1.0") {
-        return Err("`specversion` must be \"1.0\"".into());
+        return Some("`specversion` must be \"1.0\"".into());
     }
-    serde_json::from_value::<Event>(value).map_err(|e| format!("not a CloudEvent: {e}"))
+    None
 }
 
 #[cfg(test)]
@@ -580,6 +802,13 @@ mod tests {
         assert!(e.contains("`source`"), "{e}");
         assert!(parse_one("nope", 1 << 20).unwrap_err().contains("not JSON"));
         assert!(parse_one(ok, 10).unwrap_err().contains("max_event_bytes"));
+        let old = r#"{"specversion":"0.3","id":"1","source":"s","type":"t"}"#;
+        assert!(parse_one(old, 1 << 20).unwrap_err().contains("specversion"));
+        let empty_id = r#"{"specversion":"1.0","id":"","source":"s","type":"t"}"#;
+        assert!(parse_one(empty_id, 1 << 20).unwrap_err().contains("`id`"));
+        assert!(parse_one("[1]", 1 << 20)
+            .unwrap_err()
+            .contains("not a JSON object"));
         let e = parse_all(&[ok.to_string(), no_source.to_string()], 1 << 20).unwrap_err();
         assert!(e.to_string().contains("event 2 of 2"), "{e}");
     }
@@ -592,6 +821,14 @@ mod tests {
         assert_eq!(l.check().unwrap_err().0, "/timeout");
         let f = FunctionConfig::new("f", "abc", 1);
         assert_eq!(f.check().unwrap_err().0, "/sha256");
+        let mut f = FunctionConfig::new("f", &sha256_hex(b"x"), 1);
+        assert!(f.check().is_ok());
+        f.env.insert("A=B".into(), "v".into());
+        assert_eq!(f.check().unwrap_err().0, "/env");
+        assert!("network"
+            .parse::<Grant>()
+            .unwrap_err()
+            .contains("never granted"));
         assert_eq!(sha256_hex(b"").len(), 64);
     }
 }

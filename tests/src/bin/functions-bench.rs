@@ -3,6 +3,8 @@
 //! - `none`: no transform,
 //! - `template`: a built-in TEMPLATE step (`into = "data"`) editing the data,
 //! - `wasm-noop`: a WebAssembly function returning the event as it got it,
+//! - `wasm-noop-event`: the same with `isolation = "event"` (a fresh instance per event
+//!   instead of one per batch),
 //! - `wasm-edit`: a WebAssembly function adding an attribute to the event's JSON,
 //! - `wasm-js` (when `FUNCTIONS_JS` names a component built by `make functions`, e.g.
 //!   `target/functions/enrich.wasm`): a JavaScript function (componentize-js), parsing
@@ -38,11 +40,11 @@ async fn run(variant: &str, dir: &std::path::Path, events: usize) -> Run {
             String::new(),
             r#"transform = [{ form = "TEMPLATE", value = { n = "$.data.n" }, template = "{\"n\": ${n}, \"edited\": true}", into = "data" }]"#.to_string(),
         ),
-        "wasm-noop" | "wasm-edit" | "wasm-js" => {
+        "wasm-noop" | "wasm-noop-event" | "wasm-edit" | "wasm-js" => {
             let path = match variant {
                 "wasm-js" => std::path::PathBuf::from(std::env::var("FUNCTIONS_JS").unwrap()),
                 _ => {
-                    let behaviour = if variant == "wasm-noop" {
+                    let behaviour = if variant != "wasm-edit" {
                         Behaviour::Prefixes(vec!["{".into()])
                     } else {
                         Behaviour::map("edited")
@@ -54,8 +56,13 @@ async fn run(variant: &str, dir: &std::path::Path, events: usize) -> Run {
             };
             (
                 format!(
-                    "[[functions]]\nname = \"f\"\npath = \"{}\"\ntimeout = \"1s\"\n",
-                    path.display()
+                    "[[functions]]\nname = \"f\"\npath = \"{}\"\ntimeout = \"1s\"\n{}",
+                    path.display(),
+                    if variant == "wasm-noop-event" {
+                        "isolation = \"event\"\n"
+                    } else {
+                        ""
+                    }
                 ),
                 r#"transform = [{ wasm = "f" }]"#.to_string(),
             )
@@ -130,7 +137,13 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
-    let mut variants = vec!["none", "template", "wasm-noop", "wasm-edit"];
+    let mut variants = vec![
+        "none",
+        "template",
+        "wasm-noop",
+        "wasm-noop-event",
+        "wasm-edit",
+    ];
     if std::env::var("FUNCTIONS_JS").is_ok() {
         variants.push("wasm-js");
     }

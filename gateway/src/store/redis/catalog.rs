@@ -68,6 +68,16 @@ impl CatalogStore for RedisCatalog {
             .await
             .map_err(|e| redis_error("read a function's component", &e))
     }
+
+    async fn has_component(&self, sha256: &str) -> Result<bool, StoreError> {
+        let key = self.cluster.redis().key(&["component", sha256]);
+        self.cluster
+            .redis()
+            .conn()
+            .exists(key)
+            .await
+            .map_err(|e| redis_error("look for a function's component", &e))
+    }
 }
 
 impl RedisCluster {
