@@ -296,20 +296,47 @@ async fn upload_functions(
             kept.push(f);
             continue;
         }
-        let mut query = Vec::new();
-        for limit in [
+        // The function's settings go with the upload, so that the gateway checks the
+        // component under them (the apply then stores them).
+        let mut query = url::form_urlencoded::Serializer::new(String::new());
+        for key in [
             "timeout",
             "max_memory_bytes",
             "max_events",
             "max_output_bytes",
+            "isolation",
         ] {
-            match f.get(limit) {
-                Some(Value::String(s)) => query.push(format!("{limit}={s}")),
-                Some(Value::Number(n)) => query.push(format!("{limit}={n}")),
+            match f.get(key) {
+                Some(Value::String(s)) => {
+                    query.append_pair(key, s);
+                }
+                Some(Value::Number(n)) => {
+                    query.append_pair(key, &n.to_string());
+                }
                 _ => {}
             }
         }
-        let path = format!("/api/v1/functions/{name}?{}", query.join("&"));
+        for grant in f
+            .get("grants")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(g) = grant.as_str() {
+                query.append_pair("grant", g);
+            }
+        }
+        for (k, v) in f
+            .get("env")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(v) = v.as_str() {
+                query.append_pair("env", &format!("{k}={v}"));
+            }
+        }
+        let path = format!("/api/v1/functions/{name}?{}", query.finish());
         let answer = client
             .send(
                 reqwest::Method::PUT,

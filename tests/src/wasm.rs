@@ -1,6 +1,7 @@
 //! WebAssembly components of the `sluice:function/transform` world for the tests, written
 //! in the WebAssembly text format and assembled by the `wat` crate: no wasm32 toolchain is
-//! needed. Each is a small core module (a bump allocator, `handle` lowering the
+//! needed. Each is a small core module (a bump allocator reset after each call by the
+//! `post-return` function, `handle` lowering the
 //! contract's `result<list<string>, string>` by the canonical ABI) lifted into a
 //! component exporting `handle`.
 
@@ -156,10 +157,15 @@ pub fn component(behaviour: &Behaviour) -> Vec<u8> {
     (func (export "handle") (param $ptr i32) (param $len i32) (result i32)
       (local $arr i32) (local $o i32)
       {body})
+    ;; After the host has read the results: what the call allocated is free again (an
+    ;; instance serves many events; its memory must not grow with each).
+    (func (export "post") (param i32)
+      (global.set $bump (i32.const 65536)))
   )
   (core instance $i (instantiate $m))
   (func (export "handle") (param "event" string) (result (result (list string) (error string)))
-    (canon lift (core func $i "handle") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
+    (canon lift (core func $i "handle") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))
+      (post-return (core func $i "post"))))
 )"#
     );
     match wat::parse_str(&text) {

@@ -496,6 +496,9 @@ async fn ctl_apply_uploads_the_functions_a_file_names_by_path() {
     path: ./m.wasm
     timeout: 120ms
     max_events: 5
+    isolation: event
+    grants: [clocks]
+    env: { REGION: "eu west & more" }
 rules:
   - name: mapped
     bus: default
@@ -519,6 +522,9 @@ rules:
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["timeout"], "120ms");
     assert_eq!(body["max_events"], 5);
+    assert_eq!(body["isolation"], "event");
+    assert_eq!(body["grants"], json!(["clocks"]));
+    assert_eq!(body["env"], json!({"REGION": "eu west & more"}));
     assert_eq!(
         body["sha256"].as_str().unwrap(),
         sluice::wasm::sha256_hex(&component(&Behaviour::map("ctl")))

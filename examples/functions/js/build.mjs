@@ -3,11 +3,11 @@
 //   node build.mjs [OUT_DIR] [NAME...]
 //
 // OUT_DIR defaults to target/functions (relative to the current directory); NAME is
-// enrich or split-order (default: both). Writes OUT_DIR/NAME.wasm.
+// enrich, split-order or stamp (default: all). Writes OUT_DIR/NAME.wasm.
 //
-// Every WASI feature is disabled: the component imports nothing, which is what the
-// gateway links (it grants no WASI). A function built this way cannot use timers,
-// console output, fetch, real clocks or real randomness.
+// For enrich and split-order every WASI feature is disabled: the component imports
+// nothing, and needs no grant. stamp keeps the clocks and randomness (its function needs
+// `grants = ["clocks", "random"]`). None can use timers, console output or fetch.
 import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -17,7 +17,10 @@ const here = dirname(fileURLToPath(import.meta.url));
 const witPath = join(here, "..", "..", "..", "schemas", "wit", "function.wit");
 const [outArg, ...names] = process.argv.slice(2);
 const outDir = resolve(outArg ?? "target/functions");
-const functions = names.length ? names : ["enrich", "split-order"];
+const functions = names.length ? names : ["enrich", "split-order", "stamp"];
+// The WASI features each keeps (the gateway grants these only when configured to).
+const keeps = { stamp: ["clocks", "random"] };
+const allFeatures = ["random", "stdio", "clocks", "http", "fetch-event"];
 
 const { componentize } = await load("@bytecodealliance/componentize-js");
 // The WIT file's text, not its path (witPath): the world is passed inline.
@@ -30,7 +33,7 @@ for (const name of functions) {
     sourcePath: join(here, `${name}.js`),
     witWorld,
     worldName: "transform",
-    disableFeatures: ["random", "stdio", "clocks", "http", "fetch-event"],
+    disableFeatures: allFeatures.filter((f) => !(keeps[name] ?? []).includes(f)),
   });
   const out = join(outDir, `${name}.wasm`);
   await writeFile(out, component);

@@ -516,7 +516,11 @@ fn cached(engine: &Engine, bytes: &[u8], sha256: &str, dir: &Path) -> Result<Com
     let component = Component::new(engine, bytes).map_err(|e| invalid(&e))?;
     match component.serialize() {
         Ok(artifact) => {
-            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            // A name of its own per write: two functions of the same bytes compile at
+            // once, and a file both wrote into could hold a mix of the two.
+            static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
             let written = std::fs::create_dir_all(dir)
                 .and_then(|()| std::fs::write(&tmp, &artifact))
                 .and_then(|()| std::fs::rename(&tmp, &path));

@@ -15,7 +15,8 @@
 //! 100,000) ~1 KiB events as batches of 100 from 8 connections; figures are the medians
 //! of `ROUNDS` (default 3) rounds. Per variant: delivered events/s end to end, its ratio
 //! to `none` in the same round, the gateway's CPU per event (from `/proc`), and for the
-//! function variants the CPU each call adds over `none` (µs). Writes
+//! function variants the CPU each call adds over `none` (µs). `VARIANTS` (comma-separated)
+//! runs some only, with `none`. Writes
 //! `target/bench/functions.summary`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -42,7 +43,8 @@ async fn run(variant: &str, dir: &std::path::Path, events: usize) -> Run {
         ),
         "wasm-noop" | "wasm-noop-event" | "wasm-edit" | "wasm-js" => {
             let path = match variant {
-                "wasm-js" => std::path::PathBuf::from(std::env::var("FUNCTIONS_JS").unwrap()),
+                "wasm-js" => std::fs::canonicalize(std::env::var("FUNCTIONS_JS").unwrap())
+                    .expect("FUNCTIONS_JS names a component built by `make functions`"),
                 _ => {
                     let behaviour = if variant != "wasm-edit" {
                         Behaviour::Prefixes(vec!["{".into()])
@@ -146,6 +148,11 @@ async fn main() {
     ];
     if std::env::var("FUNCTIONS_JS").is_ok() {
         variants.push("wasm-js");
+    }
+    // `VARIANTS=none,wasm-noop` runs those only (`none` first: the ratios are to it).
+    if let Ok(only) = std::env::var("VARIANTS") {
+        let only: Vec<&str> = only.split(',').collect();
+        variants.retain(|v| *v == "none" || only.contains(v));
     }
     let dir = tempfile::tempdir().unwrap();
     let mut figures: Vec<Figures> = variants
