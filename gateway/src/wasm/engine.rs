@@ -451,12 +451,20 @@ fn failure(
         // ran into.
         CallError::Timeout(limits.timeout)
     } else {
-        let mut message = format!("{e:#}");
-        if message.contains("unknown import:") {
+        // The cause first (a JavaScript engine's backtrace alone can pass the length a
+        // reason is clipped to), then where it happened.
+        let cause = e.root_cause().to_string();
+        let mut message = cause.clone();
+        if cause.contains("unknown import:") {
             // The stub of an import nothing granted.
             message.push_str(
                 " (not granted: a function reaches the clocks, randomness or an environment only through its `grants` and `env`)",
             );
+        }
+        let full = format!("{e:#}");
+        if full != cause {
+            message.push_str("; ");
+            message.push_str(&full);
         }
         CallError::Trap(clip(message))
     }
