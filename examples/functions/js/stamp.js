@@ -6,6 +6,9 @@
 export function handle(text) {
   const event = JSON.parse(text);
   event.handledat = new Date().toISOString();
-  event.stampid = Math.floor(Math.random() * 2 ** 48).toString(16);
+  // Math.random() gives 32 random bits here (its low bits are zero past that).
+  event.stampid = Math.floor(Math.random() * 2 ** 32)
+    .toString(16)
+    .padStart(8, "0");
   return [JSON.stringify(event)];
 }

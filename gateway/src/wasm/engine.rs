@@ -175,7 +175,11 @@ pub struct Grants {
 }
 
 /// The largest `get-random-bytes` request answered (a function asking more traps).
-const MAX_RANDOM_BYTES: u64 = 1 << 20;
+const MAX_RANDOM_BYTES: u64 = 64 * 1024;
+
+/// The clocks a function is granted tick in microseconds: finer timers would serve timing
+/// attacks on the process more than any event's logic.
+const CLOCK_NANOS: u32 = 1_000;
 
 /// Defines, at the exact names the component imports them (any `0.2.x` version), the
 /// WASI functions `grants` allows. Everything else stays a trapping stub.
@@ -213,24 +217,22 @@ fn grant(
                     let since = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .unwrap_or_default();
-                    results[0] = datetime(since.as_secs(), since.subsec_nanos());
+                    let nanos = since.subsec_nanos() / CLOCK_NANOS * CLOCK_NANOS;
+                    results[0] = datetime(since.as_secs(), nanos);
                     Ok(())
                 })?;
                 at.func_new("resolution", |_, _, _, results| {
-                    results[0] = datetime(0, 1);
+                    results[0] = datetime(0, CLOCK_NANOS);
                     Ok(())
                 })?;
             }
             "wasi:clocks/monotonic-clock" if grants.clocks => {
-                at.func_new("now", |_, _, _, results| {
+                at.func_wrap("now", |_, (): ()| {
                     let nanos = process_start().elapsed().as_nanos();
-                    results[0] = Val::U64(u64::try_from(nanos).unwrap_or(u64::MAX));
-                    Ok(())
+                    let nanos = nanos / u128::from(CLOCK_NANOS) * u128::from(CLOCK_NANOS);
+                    Ok((u64::try_from(nanos).unwrap_or(u64::MAX),))
                 })?;
-                at.func_new("resolution", |_, _, _, results| {
-                    results[0] = Val::U64(1);
-                    Ok(())
-                })?;
+                at.func_wrap("resolution", |_, (): ()| Ok((u64::from(CLOCK_NANOS),)))?;
             }
             "wasi:random/random" | "wasi:random/insecure" if grants.random => {
                 let (bytes, number) = if interface == "wasi:random/random" {
@@ -238,22 +240,17 @@ fn grant(
                 } else {
                     ("get-insecure-random-bytes", "get-insecure-random-u64")
                 };
-                at.func_new(bytes, |_, _, params, results| {
-                    let Some(Val::U64(len)) = params.first() else {
-                        wasmtime::bail!("get-random-bytes takes a u64");
-                    };
-                    if *len > MAX_RANDOM_BYTES {
+                // Typed: the bytes are copied into the instance as they are (a list of
+                // dynamic values would take 32 bytes of the host's memory per byte).
+                at.func_wrap(bytes, |_, (len,): (u64,)| {
+                    if len > MAX_RANDOM_BYTES {
                         wasmtime::bail!("more than {MAX_RANDOM_BYTES} random bytes asked at once");
                     }
-                    let mut buf = vec![0u8; *len as usize];
+                    let mut buf = vec![0u8; usize::try_from(len)?];
                     getrandom::fill(&mut buf).map_err(|e| wasmtime::format_err!("{e}"))?;
-                    results[0] = Val::List(buf.into_iter().map(Val::U8).collect());
-                    Ok(())
+                    Ok((buf,))
                 })?;
-                at.func_new(number, |_, _, _, results| {
-                    results[0] = Val::U64(random_u64()?);
-                    Ok(())
-                })?;
+                at.func_wrap(number, |_, (): ()| Ok((random_u64()?,)))?;
             }
             "wasi:random/insecure-seed" if grants.random => {
                 at.func_new("insecure-seed", |_, _, _, results| {
