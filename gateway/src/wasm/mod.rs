@@ -342,6 +342,13 @@ struct Entry {
     error: Option<String>,
 }
 
+impl Entry {
+    /// Whether the catalog still asks for this version with these grants.
+    fn wants(&self, sha: &str, grants: &Grants) -> bool {
+        self.wanted == sha && self.grants == *grants
+    }
+}
+
 /// The functions of the process: what calls use, and their loading.
 pub struct Registry {
     cache: RwLock<Option<PathBuf>>,
@@ -458,7 +465,7 @@ impl Registry {
             entry.limits = f.limits();
             entry.isolation = f.isolation;
             let grants = f.granted();
-            if entry.wanted == sha && entry.grants == grants {
+            if entry.wants(&sha, &grants) {
                 continue;
             }
             entry.wanted = sha.clone();
@@ -481,8 +488,11 @@ impl Registry {
         grants: Grants,
         store: Arc<dyn CatalogStore>,
     ) {
-        let is_wanted = |e: &Entry| e.wanted == sha && e.grants == grants;
-        let wanted = || read(&self.entries).get(&name).is_some_and(is_wanted);
+        let wanted = || {
+            read(&self.entries)
+                .get(&name)
+                .is_some_and(|e| e.wants(&sha, &grants))
+        };
         let mut wait = Duration::from_millis(200);
         let bytes = loop {
             if !wanted() {
@@ -530,7 +540,7 @@ impl Registry {
         match compiled {
             Ok(Ok(compiled)) => {
                 let mut entries = write(&self.entries);
-                if let Some(entry) = entries.get_mut(&name).filter(|e| is_wanted(e)) {
+                if let Some(entry) = entries.get_mut(&name).filter(|e| e.wants(&sha, &grants)) {
                     entry.current = Some(Arc::new(compiled));
                     entry.error = None;
                     tracing::info!(function = %name, sha256 = %sha, took_ms = started.elapsed().as_millis() as u64, "function loaded");
@@ -547,7 +557,7 @@ impl Registry {
         tracing::error!(function = %name, sha256 = %sha, error = %why, "function cannot be loaded; the previous version (if any) keeps running");
         if let Some(entry) = write(&self.entries)
             .get_mut(name)
-            .filter(|e| e.wanted == sha && e.grants == *grants)
+            .filter(|e| e.wants(sha, grants))
         {
             entry.error = Some(why);
         }
