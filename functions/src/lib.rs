@@ -14,7 +14,7 @@ mod view;
 pub use cesql::{CesqlError, CesqlFilter, CesqlValue, EvalError, Evaluation};
 pub use index::{RuleIndex, RuleIndexBuilder};
 pub use pattern::{Pattern, PatternError};
-pub use transform::{FunctionHost, Output, TransformChain, TransformError};
+pub use transform::{FunctionHost, Output, TextOutput, TransformChain, TransformError};
 
 use serde_json::{json, Value};
 

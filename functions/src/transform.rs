@@ -63,6 +63,27 @@ pub struct TransformChain {
 /// already checked as CloudEvents, come out.
 pub trait FunctionHost {
     fn call(&self, name: &str, event: &Event) -> Result<Vec<Event>, String>;
+
+    /// The same call on the event's structured JSON text (the form a function gets): each
+    /// returned event, `None` where it is that text unchanged (a filter passing the event
+    /// on, say), so the caller can keep the event it has instead of reading it again.
+    fn call_text(&self, name: &str, text: &str) -> Result<Vec<Option<Event>>, String> {
+        let event: Event =
+            serde_json::from_str(text).map_err(|e| format!("not a CloudEvent: {e}"))?;
+        Ok(self.call(name, &event)?.into_iter().map(Some).collect())
+    }
+}
+
+/// What a chain of user functions alone made of an event given as its structured JSON
+/// text ([`TransformChain::apply_text`]).
+#[derive(Debug, Clone, PartialEq)]
+// As `Output`: consumed at once, never stored in bulk.
+#[allow(clippy::large_enum_variant)]
+pub enum TextOutput {
+    /// The event as it came in: every function returned it unchanged.
+    Unchanged,
+    /// A new output.
+    Changed(Output),
 }
 
 #[derive(Debug, Clone)]
@@ -323,6 +344,12 @@ impl TransformChain {
         self.functions().next().is_some()
     }
 
+    /// Whether every step of the chain calls a user function (and so the chain can run on
+    /// an event's structured JSON text: [`TransformChain::apply_text`]).
+    pub fn calls_only_functions(&self) -> bool {
+        !self.steps.is_empty() && self.steps.iter().all(|s| matches!(s, Step::Function(_)))
+    }
+
     /// Applies the chain to one event, user functions included: every output, in order
     /// (none when a function dropped the event, several when one fanned it out).
     pub fn apply_all(
@@ -333,6 +360,58 @@ impl TransformChain {
         let mut out = Vec::new();
         self.apply_from(0, event, event, host, &mut out)?;
         Ok(out)
+    }
+
+    /// [`TransformChain::apply_all`] for a chain that calls only functions
+    /// ([`TransformChain::calls_only_functions`]), on the event's structured JSON text:
+    /// the text goes to the first function as it is, and an event a function returns
+    /// unchanged is never read (the common case of a filter); an event a function changed
+    /// goes on as an event. `event_id` names the event in an error.
+    pub fn apply_text(
+        &self,
+        text: &str,
+        event_id: &dyn Fn() -> String,
+        host: &dyn FunctionHost,
+    ) -> Result<Vec<TextOutput>, TransformError> {
+        let mut out = Vec::new();
+        self.apply_text_from(0, text, event_id, host, &mut out)?;
+        Ok(out)
+    }
+
+    fn apply_text_from(
+        &self,
+        start: usize,
+        text: &str,
+        event_id: &dyn Fn() -> String,
+        host: &dyn FunctionHost,
+        out: &mut Vec<TextOutput>,
+    ) -> Result<(), TransformError> {
+        let Some(step) = self.steps.get(start) else {
+            out.push(TextOutput::Unchanged);
+            return Ok(());
+        };
+        let fail = |message: String| TransformError::Apply {
+            step: start,
+            form: step.form(),
+            event_id: event_id(),
+            message,
+        };
+        let Step::Function(name) = step else {
+            return Err(fail(
+                "not a function step: the chain must be applied to the event".into(),
+            ));
+        };
+        for returned in host.call_text(name, text).map_err(fail)? {
+            match returned {
+                None => self.apply_text_from(start + 1, text, event_id, host, out)?,
+                Some(next) => {
+                    let mut made = Vec::new();
+                    self.apply_from(start + 1, &next, &next, host, &mut made)?;
+                    out.extend(made.into_iter().map(TextOutput::Changed));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn apply_from(

@@ -457,13 +457,14 @@ impl Metrics {
     }
 
     /// Counts one call of a WebAssembly function.
-    pub fn function_call(&self, function: &str, outcome: &str) {
+    /// The call counter of a function and outcome (a handle: look it up once, count often).
+    pub fn function_calls(&self, function: &str, outcome: &str) -> Counter {
         self.function_calls
             .get_or_create(&FunctionLabels {
                 function: function.to_string(),
                 outcome: outcome.to_string(),
             })
-            .inc();
+            .clone()
     }
 
     /// The OpenMetrics text exposition of every metric.

@@ -117,6 +117,75 @@ async fn map_filter_and_fan_out_run_in_chains_with_built_in_steps() {
     );
 }
 
+/// A chain of functions alone reads the stored event as its text: an event every function
+/// passes on unchanged is delivered as stored (never decoded), one a function changed goes
+/// on as an event, and data stored as text or base64 still reaches the function as the
+/// contract says (a JSON payload as JSON).
+#[tokio::test]
+async fn a_chain_of_functions_alone_passes_an_unchanged_event_on_as_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut extra = bus_to_file("out") + &bus_to_file("dlq");
+    extra += &function(
+        dir.path(),
+        "same",
+        &Behaviour::Prefixes(vec!["{".into()]),
+        "",
+    );
+    extra += &function(dir.path(), "map", &Behaviour::map("1"), "");
+    extra += &through("kept", r#"[{ wasm = "same" }]"#);
+    extra += &through(
+        "mapped",
+        r#"[{ wasm = "same" }, { wasm = "map" }, { wasm = "same" }]"#,
+    );
+    let sluice = start(&extra).await;
+    // Binary mode: the JSON body is stored as it came (its spaces too).
+    post_one(&sluice, "spaced", r#"{"a": [1,  2]}"#).await;
+    let base = |id: &str| json!({"specversion": "1.0", "id": id, "source": "/t", "type": "t"});
+    let mut b64 = base("b64");
+    b64["datacontenttype"] = json!("application/json");
+    b64["data_base64"] = json!("eyJhIjoxfQ=="); // {"a":1}
+    let mut text = base("text");
+    text["datacontenttype"] = json!("text/plain");
+    text["data"] = json!("hello");
+    let events = vec![b64, text, base("none")];
+    sluice_tests::post_batch(&client(), &sluice.events_url(), events).await;
+    let out = sluice.data_dir().join("out.jsonl");
+    let got = wait_jsonl(&out, Duration::from_secs(20), |l| l.len() >= 8).await;
+    assert_eq!(got.len(), 8, "{got:#?}");
+    let find = |id: &str, mapped: bool| {
+        got.iter()
+            .find(|e| e["id"] == id && e.get("wasmversion").is_some() == mapped)
+            .unwrap_or_else(|| panic!("{id} (mapped: {mapped}) in {got:#?}"))
+    };
+    for mapped in [false, true] {
+        assert_eq!(find("spaced", mapped)["data"], json!({"a": [1, 2]}));
+        assert_eq!(
+            find("b64", mapped)["data"],
+            json!({"a": 1}),
+            "base64 JSON as JSON"
+        );
+        assert_eq!(find("text", mapped)["data"], json!("hello"));
+        assert!(find("none", mapped).get("data").is_none());
+    }
+    let lines = std::fs::read_to_string(&out).unwrap();
+    let spaced: Vec<&str> = lines.lines().filter(|l| l.contains("spaced")).collect();
+    assert_eq!(spaced.len(), 2);
+    assert!(
+        spaced
+            .iter()
+            .any(|l| l.contains(r#"[1,  2]"#) && !l.contains("wasmversion")),
+        "an event passed on unchanged is delivered as stored: {spaced:#?}"
+    );
+    assert!(read_jsonl(&sluice.data_dir().join("dlq.jsonl")).is_empty());
+    let metrics = sluice.metrics().await;
+    for line in [
+        r#"sluice_function_calls_total{function="same",outcome="ok"} 12"#,
+        r#"sluice_function_calls_total{function="map",outcome="ok"} 4"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+}
+
 #[tokio::test]
 async fn failures_are_dead_lettered_with_their_cause_and_the_next_event_still_runs() {
     let dir = tempfile::tempdir().unwrap();

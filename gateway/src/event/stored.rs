@@ -326,9 +326,120 @@ pub(crate) fn header_text(value: &str) -> String {
     utf8_percent_encode(value, HEADER_ENCODED).to_string()
 }
 
+/// The stored form as the structured JSON text a user function gets, when it is that text
+/// already: valid UTF-8 with its data absent or JSON. `None` for data stored as a string
+/// or as `data_base64` (a function gets a text or binary payload holding JSON as JSON, so
+/// that event goes in through the decoder), and for anything this quick look at the
+/// top-level members does not vouch for (a nested value before `data`).
+pub fn structured_text(stored: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(stored).ok()?;
+    let b = text.as_bytes();
+    let ws = |at: &mut usize| {
+        while matches!(b.get(*at), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            *at += 1;
+        }
+    };
+    // One past the string starting at `at` (its opening quote).
+    let string_end = |mut at: usize| -> Option<usize> {
+        at += 1;
+        loop {
+            match b.get(at)? {
+                b'"' => return Some(at + 1),
+                b'\\' => at += 2,
+                _ => at += 1,
+            }
+        }
+    };
+    let mut at = 0;
+    ws(&mut at);
+    if b.get(at) != Some(&b'{') {
+        return None;
+    }
+    at += 1;
+    loop {
+        ws(&mut at);
+        match b.get(at)? {
+            b'}' => return Some(text),
+            b',' => {
+                at += 1;
+                continue;
+            }
+            b'"' => {}
+            _ => return None,
+        }
+        let key_end = string_end(at)?;
+        let key = &b[at + 1..key_end - 1];
+        at = key_end;
+        ws(&mut at);
+        if b.get(at) != Some(&b':') {
+            return None;
+        }
+        at += 1;
+        ws(&mut at);
+        let first = *b.get(at)?;
+        match key {
+            b"data" => return (first != b'"').then_some(text),
+            b"data_base64" => return None,
+            _ => {}
+        }
+        // Attributes and extensions are strings, numbers and booleans.
+        at = match first {
+            b'"' => string_end(at)?,
+            b'{' | b'[' => return None,
+            _ => at + b[at..].iter().position(|c| matches!(c, b',' | b'}'))?,
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn structured_text_is_the_stored_form_when_its_data_is_json_or_absent() {
+        use cloudevents::EventBuilder;
+        let ok = [
+            r#"{"specversion":"1.0","id":"1","source":"s","type":"t","data":{"a":[1,2]}}"#,
+            r#"{"specversion":"1.0","id":"1","source":"s","type":"t"}"#,
+            r#"{"specversion":"1.0","id":"a\"data\":\"x","source":"s","type":"t","seq":5,"ok":true,"data":7}"#,
+            r#" { "id" : "1" , "data" : null } "#,
+        ];
+        for text in ok {
+            assert_eq!(structured_text(text.as_bytes()), Some(text), "{text}");
+        }
+        let not = [
+            r#"{"specversion":"1.0","id":"1","source":"s","type":"t","data":"{\"a\":1}"}"#,
+            r#"{"specversion":"1.0","id":"1","data_base64":"e30=","source":"s","type":"t"}"#,
+            r#"{"id":"1","x":{"data":1},"data":{}}"#,
+            r#"["data"]"#,
+            r#"{"id":"1""#,
+            r#"{"id":"1","data""#,
+            "",
+        ];
+        for text in not {
+            assert_eq!(structured_text(text.as_bytes()), None, "{text}");
+        }
+        assert_eq!(structured_text(b"{\"id\":\"\xff\"}"), None);
+        // What the gateway stores reads so.
+        let event = cloudevents::EventBuilderV10::new()
+            .id("1")
+            .source("s")
+            .ty("t")
+            .extension("seq", 5i64)
+            .data("application/json", serde_json::json!({"a": 1}))
+            .build()
+            .unwrap();
+        let stored = encode(&event).unwrap();
+        assert!(structured_text(&stored).is_some());
+        let text = cloudevents::EventBuilderV10::new()
+            .id("1")
+            .source("s")
+            .ty("t")
+            .data("text/plain", "hello")
+            .build()
+            .unwrap();
+        assert_eq!(structured_text(&encode(&text).unwrap()), None);
+    }
 
     fn structured(content_type: Option<&str>, data: Value) -> Event {
         let mut event = serde_json::json!({

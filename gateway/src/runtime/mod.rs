@@ -30,6 +30,7 @@
 //! continue from their position, new ones start at the end of the shard. Shard tasks of
 //! other buses are not touched.
 
+pub(crate) mod chain;
 pub mod delivery;
 pub mod plan;
 pub mod rebalance;

@@ -100,7 +100,12 @@ impl BusPlan {
             }
             let mut members = Vec::new();
             for sub in rule.subscriptions {
-                needs_decode |= sub.transform.is_some() && sub.failed.is_none();
+                // A chain of user functions alone reads the stored text.
+                needs_decode |= sub
+                    .transform
+                    .as_ref()
+                    .is_some_and(|t| !t.calls_only_functions())
+                    && sub.failed.is_none();
                 digest.extend_from_slice(sub.name.as_bytes());
                 digest.extend_from_slice(&sub.spec.to_le_bytes());
                 members.push(subscriptions.len());

@@ -649,6 +649,14 @@ pub struct Host {
     /// Every call's input and output, for the rule test.
     pub trace: Option<std::sync::Mutex<Vec<Value>>>,
     live: RefCell<HashMap<String, (Arc<Compiled>, Instance)>>,
+    /// Call counters by function and outcome, looked up once per batch.
+    counters: RefCell<
+        Vec<(
+            String,
+            &'static str,
+            prometheus_client::metrics::counter::Counter,
+        )>,
+    >,
 }
 
 impl Host {
@@ -656,6 +664,7 @@ impl Host {
         Host {
             trace: Some(std::sync::Mutex::new(Vec::new())),
             live: RefCell::default(),
+            counters: RefCell::default(),
         }
     }
 
@@ -687,27 +696,26 @@ impl Host {
     }
 }
 
-impl sluice_functions::FunctionHost for Host {
-    fn call(&self, name: &str, event: &Event) -> Result<Vec<Event>, String> {
+impl Host {
+    /// Calls `name` on an event's structured JSON `text`: the returned events checked as
+    /// CloudEvents, `None` for one that is `input` unchanged (when given: it need not be
+    /// read again).
+    fn call_checked(
+        &self,
+        name: &str,
+        text: String,
+        input: Option<&str>,
+    ) -> Result<Vec<Option<Event>>, String> {
         let registry = registry();
         let (compiled, limits, isolation) = registry
             .get(name)
             .ok_or_else(|| format!("function `{name}` is not loaded on this replica"))?;
-        // The structured form: written straight from the event when its data is JSON
-        // already (or absent); a text or binary payload holding JSON goes in as JSON.
-        let text = match event.data() {
-            Some(cloudevents::Data::String(_) | cloudevents::Data::Binary(_)) => {
-                serde_json::to_string(&sluice_functions::transform::structured(event)?)
-            }
-            _ => serde_json::to_string(event),
-        }
-        .map_err(|e| format!("cannot serialize the event: {e}"))?;
         let result = self
             .run(name, &compiled, &limits, isolation, text)
             .and_then(|out| {
-                parse_all(&out, registry.max_event_bytes()).map(|events| (out, events))
+                check_returned(&out, input, registry.max_event_bytes()).map(|events| (out, events))
             });
-        crate::metrics::get().function_call(
+        self.count(
             name,
             match &result {
                 Ok(_) => "ok",
@@ -732,22 +740,68 @@ impl sluice_functions::FunctionHost for Host {
         }
         result.map(|(_, events)| events).map_err(|e| e.to_string())
     }
+
+    /// Counts a call in `sluice_function_calls_total`, through a handle looked up once per
+    /// batch for each function and outcome.
+    fn count(&self, name: &str, outcome: &'static str) {
+        let mut counters = self.counters.borrow_mut();
+        if let Some((_, _, counter)) = counters.iter().find(|(n, o, _)| n == name && *o == outcome)
+        {
+            counter.inc();
+            return;
+        }
+        let counter = crate::metrics::get().function_calls(name, outcome);
+        counter.inc();
+        counters.push((name.to_string(), outcome, counter));
+    }
+}
+
+impl sluice_functions::FunctionHost for Host {
+    fn call(&self, name: &str, event: &Event) -> Result<Vec<Event>, String> {
+        // The structured form: written straight from the event when its data is JSON
+        // already (or absent); a text or binary payload holding JSON goes in as JSON.
+        let text = match event.data() {
+            Some(cloudevents::Data::String(_) | cloudevents::Data::Binary(_)) => {
+                serde_json::to_string(&sluice_functions::transform::structured(event)?)
+            }
+            _ => serde_json::to_string(event),
+        }
+        .map_err(|e| format!("cannot serialize the event: {e}"))?;
+        Ok(self
+            .call_checked(name, text, None)?
+            .into_iter()
+            .flatten()
+            .collect())
+    }
+
+    fn call_text(&self, name: &str, text: &str) -> Result<Vec<Option<Event>>, String> {
+        self.call_checked(name, text.to_string(), Some(text))
+    }
 }
 
 const REQUIRED: [&str; 4] = ["specversion", "id", "source", "type"];
 
-/// The events a function returned, checked as CloudEvents (JSON format).
-fn parse_all(out: &[String], max_event_bytes: usize) -> Result<Vec<Event>, CallError> {
+/// The events a function returned, checked as CloudEvents (JSON format); `None` for one
+/// that is `input` unchanged (an event known to be good).
+fn check_returned(
+    out: &[String],
+    input: Option<&str>,
+    max_event_bytes: usize,
+) -> Result<Vec<Option<Event>>, CallError> {
     let many = out.len() > 1;
     out.iter()
         .enumerate()
         .map(|(i, text)| {
+            if input == Some(text.as_str()) {
+                return Ok(None);
+            }
             let which = if many {
                 format!("event {} of {}", i + 1, out.len())
             } else {
                 "event".to_string()
             };
             parse_one(text, max_event_bytes)
+                .map(Some)
                 .map_err(|why| CallError::InvalidOutput(format!("an invalid {which}: {why}")))
         })
         .collect()
@@ -819,8 +873,13 @@ mod tests {
         assert!(parse_one("[1]", 1 << 20)
             .unwrap_err()
             .contains("not a JSON object"));
-        let e = parse_all(&[ok.to_string(), no_source.to_string()], 1 << 20).unwrap_err();
+        let e =
+            check_returned(&[ok.to_string(), no_source.to_string()], None, 1 << 20).unwrap_err();
         assert!(e.to_string().contains("event 2 of 2"), "{e}");
+        // The input returned unchanged is not read again; anything else is.
+        let both =
+            check_returned(&[ok.to_string(), ok.to_string() + " "], Some(ok), 1 << 20).unwrap();
+        assert!(both[0].is_none() && both[1].is_some());
     }
 
     #[test]

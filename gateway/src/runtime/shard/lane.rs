@@ -1,21 +1,16 @@
 //! A subscription's lane on a shard: its queue of prepared events, its mode (attached to
-//! the reader, catching up on its own, paused) and position, and the preparation of one
-//! record for it (filter, transform, size).
+//! the reader, catching up on its own, paused) and position, and what a queued event
+//! holds in memory (the transform chain itself is `runtime::chain`).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use bytes::Bytes;
-use cloudevents::Event;
-
 use crate::runtime::plan::{BusPlan, Subscription};
 
-use crate::event;
 use crate::store::cluster::{task_id, Control};
 use crate::store::Seq;
-use crate::targets::{Body, Envelope};
-use sluice_functions::{Output, TransformChain};
+use crate::targets::Envelope;
 
 /// Most events a lane may have queued before it leaves the shared path (in batches of the
 /// delivery batch size).
@@ -176,124 +171,6 @@ pub(super) fn start_mode(position: Option<Seq>, cursor: Seq, end: Seq) -> Mode {
         Some(p) if p >= cursor => Mode::Attached { from: p },
         Some(p) => Mode::CatchingUp { next: p },
     }
-}
-
-/// The envelope a subscription delivers for one record: the record as stored, or the
-/// transform chain's result. `None` when the transform fails on this event (reported; it
-/// cannot succeed on a retry).
-pub(super) fn prepare(
-    sub: &Subscription,
-    shard: u32,
-    seq: Seq,
-    payload: &Bytes,
-    accepted_ms: u64,
-    event: Option<&Event>,
-) -> Option<Envelope> {
-    let Some(chain) = &sub.transform else {
-        return Some(Envelope {
-            raw: payload.clone(),
-            accepted_ms,
-            event: event.cloned(),
-            body: None,
-        });
-    };
-    let Some(event) = event else {
-        tracing::error!(subscription = %sub.id, shard, seq, "the event does not decode, so it cannot be transformed; skipping it");
-        return None;
-    };
-    if chain.calls_functions() {
-        // User functions run on the lane's task, on a blocking thread (`run_functions`),
-        // never here on the shard's reader.
-        return Some(Envelope {
-            raw: payload.clone(),
-            accepted_ms,
-            event: Some(event.clone()),
-            body: None,
-        });
-    }
-    let output = chain.apply(event).map_err(|e| e.to_string());
-    match output.and_then(|o| output_envelope(o, payload, accepted_ms, event)) {
-        Ok(envelope) => Some(envelope),
-        Err(e) => {
-            tracing::error!(subscription = %sub.id, shard, seq, error = %e, "the transform failed on this event; skipping it");
-            None
-        }
-    }
-}
-
-/// What a subscription delivers for one output of its chain.
-fn output_envelope(
-    output: Output,
-    payload: &Bytes,
-    accepted_ms: u64,
-    event: &Event,
-) -> Result<Envelope, String> {
-    match output {
-        Output::Event(transformed) => match event::encode(&transformed) {
-            Ok(raw) => Ok(Envelope {
-                raw: raw.into(),
-                accepted_ms,
-                event: Some(transformed),
-                body: None,
-            }),
-            Err(e) => Err(format!("cannot encode a transformed event: {e}")),
-        },
-        Output::Body {
-            content_type,
-            bytes,
-        } => Ok(Envelope {
-            raw: payload.clone(),
-            accepted_ms,
-            event: Some(event.clone()),
-            body: Some(Body {
-                content_type,
-                bytes: bytes.into(),
-            }),
-        }),
-    }
-}
-
-/// What a batch made through a chain that calls functions: the envelopes to deliver, and
-/// the events the chain refused with why.
-pub(super) type Ran = (Vec<Envelope>, Vec<(Envelope, String)>);
-
-/// A chain that calls user functions, applied to envelopes holding the stored events (see
-/// `prepare`): the envelopes to deliver (none for an event a function dropped, several
-/// for one it fanned out, in order) and the events the chain refused, with why. Blocks for
-/// as long as the functions run: call it on a blocking thread. `None` when `stop` moved
-/// before the batch was done (its events stay pending: a stopping gateway does not wait
-/// for a batch of slow calls).
-pub(super) fn run_functions(
-    chain: &TransformChain,
-    envelopes: Vec<Envelope>,
-    stop: &tokio::sync::watch::Receiver<bool>,
-) -> Option<Ran> {
-    let host = crate::wasm::Host::default();
-    let mut ready = Vec::with_capacity(envelopes.len());
-    let mut refused = Vec::new();
-    for envelope in envelopes {
-        if *stop.borrow() {
-            return None;
-        }
-        let Some(event) = envelope.event.as_ref() else {
-            refused.push((envelope, "the stored event does not decode".to_string()));
-            continue;
-        };
-        let made = chain
-            .apply_all(event, &host)
-            .map_err(|e| e.to_string())
-            .and_then(|outputs| {
-                outputs
-                    .into_iter()
-                    .map(|o| output_envelope(o, &envelope.raw, envelope.accepted_ms, event))
-                    .collect::<Result<Vec<_>, _>>()
-            });
-        match made {
-            Ok(made) => ready.extend(made),
-            Err(why) => refused.push((envelope, why)),
-        }
-    }
-    Some((ready, refused))
 }
 
 /// What an envelope holds in memory: the stored form, the decoded event when it holds one,

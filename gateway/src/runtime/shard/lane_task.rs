@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::event;
+use crate::runtime::chain::{prepare, through_functions};
 use crate::runtime::shard::lane::*;
 use crate::runtime::shard::shared::Shared;
 use crate::store::cluster::mono_ms;
@@ -415,7 +416,11 @@ impl LaneTask {
                 break;
             }
             end = r.seq + 1;
-            let event = if sub.filter.matches_everything() && sub.transform.is_none() {
+            let reads_event = sub
+                .transform
+                .as_ref()
+                .is_some_and(|t| !t.calls_only_functions());
+            let event = if sub.filter.matches_everything() && !reads_event {
                 None
             } else {
                 match event::decode(&r.payload) {
@@ -478,11 +483,16 @@ impl LaneTask {
         events: &[Envelope],
         epoch: u64,
     ) -> bool {
-        let registry = crate::wasm::registry();
-        let names: Vec<&str> = chain.functions().collect();
-        match registry.ready(&names, self.shared.stop.clone()).await {
-            Ok(true) => {}
-            Ok(false) => return false,
+        let (ready, refused) = match through_functions(
+            chain,
+            events.to_vec(),
+            self.shared.stop.clone(),
+        )
+        .await
+        {
+            Ok(Some(done)) => done,
+            // Stopping: the batch stays pending (delivered by whoever runs the shard next).
+            Ok(None) => return false,
             Err(why) => {
                 tracing::error!(lane = %self.lane.id, error = %why, "the lane waits for its functions");
                 let mut stop = self.shared.stop.clone();
@@ -490,25 +500,6 @@ impl LaneTask {
                     () = tokio::time::sleep(Duration::from_secs(2)) => {}
                     _ = stop.changed() => {}
                 }
-                return false;
-            }
-        }
-        let Ok(_running) = crate::wasm::running().acquire().await else {
-            return false;
-        };
-        let run = chain.clone();
-        let input = events.to_vec();
-        let stop = self.shared.stop.clone();
-        let (ready, refused) = match tokio::task::spawn_blocking(move || {
-            run_functions(&run, input, &stop)
-        })
-        .await
-        {
-            Ok(Some(done)) => done,
-            // Stopping: the batch stays pending (delivered by whoever runs the shard next).
-            Ok(None) => return false,
-            Err(e) => {
-                tracing::error!(lane = %self.lane.id, error = %e, "running the functions failed; retrying the batch");
                 return false;
             }
         };
