@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use cloudevents::event::ExtensionValue;
+use cloudevents::Event;
 use serde::{Deserialize, Serialize};
 
 use crate::runtime::{Plan, Subscription};
@@ -441,17 +442,22 @@ async fn replay_all(
                 break;
             }
             for sub in subscriptions {
-                let mut envelopes = Vec::new();
-                for record in records.iter().filter(|r| r.seq < progress.to) {
-                    if let Some(envelope) = replayed(sub, record, &status.id) {
-                        envelopes.push(envelope);
-                    }
+                let events = taken(sub, &records, progress.to);
+                status.matched += events.len() as u64;
+                if events.is_empty() {
+                    continue;
                 }
-                status.matched += envelopes.len() as u64;
+                let (envelopes, refused) = marked(sub, events, &status.id)
+                    .await
+                    .map_err(Stop::Failed)?;
+                for (envelope, why) in &refused {
+                    sub.delivery.reject(envelope, why).await;
+                }
                 if !envelopes.is_empty() {
                     sub.delivery.deliver(&envelopes).await;
                     status.delivered += envelopes.len() as u64;
                 }
+                status.delivered += refused.len() as u64;
             }
             let in_range = records.iter().filter(|r| r.seq < progress.to).count();
             status.read += in_range as u64;
@@ -577,48 +583,98 @@ async fn adopt_once(state: &Adopter) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// One record as the subscription would deliver it, marked as replayed; `None` when the
-/// rule does not take it.
-fn replayed(sub: &Subscription, record: &crate::store::Record, id: &str) -> Option<Envelope> {
-    let event = crate::event::decode(&record.payload).ok()?;
-    if !sub.filter.matches(&event) {
-        return None;
-    }
-    marked(sub, event, id)
+/// The events a replay reads that the subscription's rule takes.
+fn taken(sub: &Subscription, records: &[crate::store::Record], to: Seq) -> Vec<Event> {
+    records
+        .iter()
+        .filter(|r| r.seq < to)
+        .filter_map(|r| crate::event::decode(&r.payload).ok())
+        .filter(|event| sub.filter.matches(event))
+        .collect()
 }
 
-/// The event as the subscription delivers it (its transform chain applied), marked with
-/// the replay's id.
-pub fn marked(sub: &Subscription, mut event: cloudevents::Event, id: &str) -> Option<Envelope> {
-    event.set_extension(REPLAY_EXTENSION, ExtensionValue::String(id.to_string()));
-    let (raw, event, body) = match &sub.transform {
-        None => (crate::event::encode(&event).ok()?, event, None),
-        Some(chain) => match chain.apply(&event).ok()? {
-            sluice_functions::Output::Event(mut e) => {
-                e.set_extension(REPLAY_EXTENSION, ExtensionValue::String(id.to_string()));
-                (crate::event::encode(&e).ok()?, e, None)
-            }
-            sluice_functions::Output::Body {
-                content_type,
-                bytes,
-            } => (
-                crate::event::encode(&event).ok()?,
-                event,
-                Some(crate::targets::Body {
-                    content_type,
-                    bytes: bytes.into(),
-                }),
-            ),
-        },
+/// The events as the subscription delivers them, marked with the replay's id `id`: its
+/// transform chain applied, user functions included (on a blocking thread, once they are
+/// loaded), and the events the chain refused, with why (as live delivery, they go to the
+/// dead-letter destination). An error when a function the chain calls cannot be loaded.
+pub async fn marked(
+    sub: &Subscription,
+    events: Vec<Event>,
+    id: &str,
+) -> Result<crate::runtime::chain::Ran, String> {
+    let mark = |event: &mut Event| {
+        event.set_extension(REPLAY_EXTENSION, ExtensionValue::String(id.to_string()));
     };
     // Replayed events are not live: their age (for `max_event_age`) counts from the replay,
     // and they stay out of the live latency histogram.
-    Some(Envelope {
-        raw: raw.into(),
-        accepted_ms: 0,
-        event: Some(event),
-        body,
-    })
+    let envelope = |event: Event| -> Result<Envelope, String> {
+        let raw = crate::event::encode(&event).map_err(|e| format!("cannot encode: {e}"))?;
+        Ok(Envelope {
+            raw: raw.into(),
+            accepted_ms: 0,
+            event: Some(event),
+            body: None,
+        })
+    };
+    let mut inputs = Vec::with_capacity(events.len());
+    for mut event in events {
+        mark(&mut event);
+        inputs.push(envelope(event)?);
+    }
+    let Some(chain) = &sub.transform else {
+        return Ok((inputs, Vec::new()));
+    };
+    if chain.calls_functions() {
+        // The sender stays here while the functions run: a replay stops by being dropped.
+        let (_running, stop) = tokio::sync::watch::channel(false);
+        let (ready, refused) = crate::runtime::chain::through_functions(chain, inputs, stop)
+            .await?
+            .ok_or("the functions' registry is closing")?;
+        // Events a function made carry the mark too (it may not have kept it).
+        let ready = ready
+            .into_iter()
+            .map(|mut e| {
+                match e.event.as_mut() {
+                    Some(event)
+                        if e.body.is_none() && event.extension(REPLAY_EXTENSION).is_none() =>
+                    {
+                        mark(event);
+                        if let Ok(raw) = crate::event::encode(event) {
+                            e.raw = raw.into();
+                        }
+                    }
+                    _ => {}
+                }
+                e
+            })
+            .collect();
+        return Ok((ready, refused));
+    }
+    let mut ready = Vec::with_capacity(inputs.len());
+    let mut refused = Vec::new();
+    for input in inputs {
+        let Some(event) = input.event.as_ref() else {
+            continue;
+        };
+        match chain.apply(event) {
+            Ok(sluice_functions::Output::Event(mut e)) => {
+                mark(&mut e);
+                ready.push(envelope(e)?);
+            }
+            Ok(sluice_functions::Output::Body {
+                content_type,
+                bytes,
+            }) => ready.push(Envelope {
+                body: Some(crate::targets::Body {
+                    content_type,
+                    bytes: bytes.into(),
+                }),
+                ..input
+            }),
+            Err(e) => refused.push((input, e.to_string())),
+        }
+    }
+    Ok((ready, refused))
 }
 
 #[cfg(test)]

@@ -186,6 +186,107 @@ async fn a_chain_of_functions_alone_passes_an_unchanged_event_on_as_stored() {
     }
 }
 
+/// Replays and redeliveries run a chain's functions as live delivery does: the events a
+/// function made are delivered marked with the replay's id, and those it refused go to the
+/// dead-letter destination (a redelivery it refuses is a 400 with its reason).
+#[tokio::test]
+async fn replays_and_redeliveries_run_the_functions_of_the_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut extra = bus_to_file("out") + &bus_to_file("dlq");
+    extra += &sluice_tests::bus("archive", 2, "retention = \"1h\"");
+    extra += &function(dir.path(), "map", &Behaviour::map("1"), "");
+    extra += &function(
+        dir.path(),
+        "fails",
+        &Behaviour::Error("no price".into()),
+        "",
+    );
+    for (rule, transform) in [
+        ("mapped", r#"[{ wasm = "map" }]"#),
+        ("fails", r#"[{ wasm = "fails" }]"#),
+    ] {
+        extra += &sluice_tests::rule_on(
+            "archive",
+            rule,
+            "bus",
+            &format!("{rule}-out"),
+            &format!(
+                "bus = \"out\"\ntransform = {transform}\n[rules.targets.dead_letter]\nbus = \"dlq\""
+            ),
+        );
+    }
+    let sluice = start(&extra).await;
+    let url = sluice.url("/buses/archive/events");
+    for i in 0..4 {
+        post(&client(), &url, &format!("r-{i}"), r#"{"n":1}"#).await;
+    }
+    let out = sluice.data_dir().join("out.jsonl");
+    let dlq = sluice.data_dir().join("dlq.jsonl");
+    wait_jsonl(&out, Duration::from_secs(20), |l| l.len() >= 4).await;
+    wait_jsonl(&dlq, Duration::from_secs(20), |l| l.len() >= 4).await;
+    let api = sluice_tests::admin::Api::unrecorded(&sluice);
+    for (rule, file) in [("mapped", &out), ("fails", &dlq)] {
+        let started = api.start_replay("archive", json!({"rule": rule})).await;
+        let id = started["id"].as_str().unwrap().to_string();
+        let status = api
+            .wait_replay_end("archive", &id, Duration::from_secs(20))
+            .await;
+        assert_eq!(status["state"], "COMPLETED", "{status}");
+        assert_eq!(status["matched"], 4, "{status}");
+        assert_eq!(status["delivered"], 4, "{status}");
+        let got = wait_jsonl(file, Duration::from_secs(20), |l| {
+            l.iter()
+                .filter(|e| e["sluicereplay"] == id.as_str())
+                .count()
+                >= 4
+        })
+        .await;
+        for e in got.iter().filter(|e| e["sluicereplay"] == id.as_str()) {
+            if rule == "mapped" {
+                assert_eq!(ext(e, "wasmversion"), Some("1"), "{e}");
+            } else {
+                let reason = ext(e, "deadletterreason").unwrap_or_default();
+                assert!(reason.contains("no price"), "{e}");
+            }
+        }
+    }
+    const REDELIVER: &str = "/api/v1/buses/{bus}/rules/{rule}/redeliver";
+    let event =
+        json!({"specversion": "1.0", "id": "again", "source": "/t", "type": "t", "data": {"n": 2}});
+    let again = api
+        .post(
+            REDELIVER,
+            "/api/v1/buses/archive/rules/mapped/redeliver",
+            Some(json!({"event": event})),
+        )
+        .await;
+    assert_eq!(again.status, 202, "{}", again.body);
+    let redelivery = again.body["id"].as_str().unwrap().to_string();
+    wait_jsonl(&out, Duration::from_secs(20), |l| {
+        l.iter().any(|e| {
+            e["id"] == "again"
+                && e["sluicereplay"] == redelivery.as_str()
+                && ext(e, "wasmversion") == Some("1")
+        })
+    })
+    .await;
+    let refused = api
+        .post(
+            REDELIVER,
+            "/api/v1/buses/archive/rules/fails/redeliver",
+            Some(json!({"event": event})),
+        )
+        .await;
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert!(
+        refused.body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("no price")),
+        "{}",
+        refused.body
+    );
+}
+
 #[tokio::test]
 async fn failures_are_dead_lettered_with_their_cause_and_the_next_event_still_runs() {
     let dir = tempfile::tempdir().unwrap();

@@ -99,6 +99,9 @@ pub(super) async fn recent_events(
     Json(json!({"items": items})).into_response()
 }
 
+/// How long a redelivery waits for the functions its chains call to be loaded.
+const FUNCTIONS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// `POST /api/v1/buses/{bus}/rules/{rule}/redeliver`: `{"event", "target"?}` delivers one
 /// event (a dead letter, say) to that rule's targets only, through their transform chains,
 /// retry policies and dead-letter destinations, marked with `sluicereplay`. The
@@ -151,14 +154,34 @@ pub(super) async fn redeliver(
         fastrand::u16(..)
     );
     let mut targets = Vec::new();
+    let mut deliveries = Vec::with_capacity(subscriptions.len());
     for sub in subscriptions {
-        let Some(envelope) = crate::replay::marked(&sub, event.clone(), &id) else {
-            return Problem::invalid_resource(
-                "/event",
-                format!("the transform chain of `{}` fails on this event", sub.name),
-            )
-            .into_response();
+        // Every chain runs (user functions too) before anything is sent: an event one of
+        // them refuses is a 400, not a partial redelivery.
+        let marked = crate::replay::marked(&sub, vec![event.clone()], &id);
+        let why = match tokio::time::timeout(FUNCTIONS_WAIT, marked).await {
+            Ok(Ok((envelopes, refused))) => match refused.into_iter().next() {
+                None => {
+                    deliveries.push((sub, envelopes));
+                    continue;
+                }
+                Some((_, why)) => why,
+            },
+            Ok(Err(why)) => why,
+            Err(_) => {
+                format!("its functions were not loaded on this replica within {FUNCTIONS_WAIT:?}")
+            }
         };
+        return Problem::invalid_resource(
+            "/event",
+            format!(
+                "the transform chain of `{}` fails on this event: {why}",
+                sub.name
+            ),
+        )
+        .into_response();
+    }
+    for (sub, envelopes) in deliveries {
         targets.push(
             sub.name
                 .split_once('/')
@@ -166,7 +189,9 @@ pub(super) async fn redeliver(
         );
         let replay = id.clone();
         tokio::spawn(async move {
-            sub.delivery.deliver(std::slice::from_ref(&envelope)).await;
+            if !envelopes.is_empty() {
+                sub.delivery.deliver(&envelopes).await;
+            }
             tracing::info!(replay = %replay, subscription = %sub.id, "redelivered");
         });
     }
