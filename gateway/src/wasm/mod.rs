@@ -694,9 +694,7 @@ impl Host {
         }
         result
     }
-}
 
-impl Host {
     /// Calls `name` on an event's structured JSON `text`: the returned events checked as
     /// CloudEvents, `None` for one that is `input` unchanged (when given: it need not be
     /// read again).
