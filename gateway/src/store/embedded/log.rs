@@ -429,34 +429,33 @@ async fn flush_shard(task: FlushTask) {
         let result = if task.healthy.load(Ordering::SeqCst) {
             #[cfg(test)]
             let fail = task.fail.clone();
-            let started = std::time::Instant::now();
             let shards = task.shards.clone();
             let index = task.index;
             let gather = busy && lock(&shard.flush).waiting >= GATHER_SIBLINGS;
-            let result = tokio::task::spawn_blocking(move || {
+            tokio::task::spawn_blocking(move || {
                 if gather {
                     std::thread::sleep(GATHER);
                 }
-                let Some(shard) = shards.get(index) else {
-                    return Ok(0);
-                };
+                let shard = shards
+                    .get(index)
+                    .ok_or_else(|| std::io::Error::other("the shard is gone"))?;
                 let (file, upto) = {
                     let active = lock(&shard.active);
                     (active.file.clone(), active.next_seq)
                 };
-                sync_data(
+                let started = std::time::Instant::now();
+                let synced = sync_data(
                     &file,
                     #[cfg(test)]
                     &fail,
-                )
-                .map(|()| upto)
+                );
+                metrics
+                    .flush_duration
+                    .observe(started.elapsed().as_secs_f64());
+                synced.map(|()| upto)
             })
             .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(format!("flush task failed: {e}"))));
-            metrics
-                .flush_duration
-                .observe(started.elapsed().as_secs_f64());
-            result
+            .unwrap_or_else(|e| Err(std::io::Error::other(format!("flush task failed: {e}"))))
         } else {
             Err(std::io::Error::other("the log is fenced"))
         };
