@@ -257,7 +257,7 @@ impl Metrics {
         let flush_duration = latency_buckets();
         r.register_with_unit(
             "store_flush_duration",
-            "Duration of the embedded log's fdatasync (one per group commit)",
+            "Duration of one flush round of an embedded log's group commit (the fdatasync of every shard with appenders waiting)",
             Unit::Seconds,
             flush_duration.clone(),
         );

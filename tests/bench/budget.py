@@ -26,7 +26,7 @@ STAGES = [
     ("dedup", ["store::dedup::", "embedded::dedup::", "accept::store_unique"]),
     ("answer body", ["ingress::events::respond", "events::accepted_body"]),
     ("log append", ["store::embedded::log::", "store::append::append", "EmbeddedLog", "store::embedded::segment::"]),
-    ("fsync", ["sync_data", "fdatasync", "__x64_sys_fdatasync", "Syncer"]),
+    ("fsync", ["sync_data", "fdatasync", "__x64_sys_fdatasync", "Syncer", "log::Flusher", "sync_file_range", "log::write_back"]),
     ("metrics", ["sluice::metrics::", "prometheus_client::"]),
     ("logs and spans", ["tracing_subscriber::", "tracing_core::", "tracing::span", "otlp::"]),
     ("delivery (rules, targets)", ["sluice::runtime::", "sluice::targets::", "sluice_functions::"]),

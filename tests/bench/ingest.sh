@@ -63,9 +63,15 @@ rss_kib() { awk -v f="$2:" '$1==f {print $2}' "/proc/$1/status"; }
 summary() { echo "$1 $2" >> "$SUMMARY"; }
 
 # wrk_run URL SCRIPT [DURATION] → "req/s p99_ms non2xx"
+# The share of the machine's CPU time the hypervisor took away (steal) over each load run
+# goes to $WORK/steal: on a shared host it can halve a figure, so the report names it.
+steal_ticks() { awk '/^cpu / {print $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
 wrk_run() {
-  local out rps p99 bad
+  local out rps p99 bad s0 s1
+  s0=$(steal_ticks)
   out=$(wrk -t1 -c"$CONNECTIONS" -d"${3:-$DURATION}" --latency -s "$2" "$1")
+  s1=$(steal_ticks)
+  echo "$s0 $s1" | awk '{ printf "%.0f\n", ($4 > $2 ? ($3 - $1) / ($4 - $2) * 100 : 0) }' >> "$WORK/steal"
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
   p99=$(awk '$1=="99%" {v=$2; if (v ~ /us$/) {sub(/us$/,"",v); v=v/1000} else if (v ~ /ms$/) {sub(/ms$/,"",v)} else if (v ~ /s$/) {sub(/s$/,"",v); v=v*1000}; print v}' <<<"$out")
   bad=$(awk '/Non-2xx/ {print $5}' <<<"$out")
@@ -248,6 +254,9 @@ awk -v ns="$metrics_ns" -v us="$os_us" 'BEGIN { printf "metrics: %d ns per event
 webhook_rps=$(peak_of os-webhook)
 echo "verified webhooks: $(ratio "$webhook_rps" "$os_rps") of plain binary ingest (goal >= 0.80)"
 summary ingest.webhook_over_binary "$(ratio "$webhook_rps" "$os_rps")"
+max_steal=$(sort -n "$WORK/steal" | tail -1)
+summary ingest.max_steal_pct "${max_steal:-0}"
+echo "CPU stolen by the host during the load runs: up to ${max_steal:-0} % of the machine$( [ "${max_steal:-0}" -gt 5 ] && echo ' (over 5 %: the ratios of this run are not comparable; run again on a quiet host)')"
 echo "goals: os-binary >= 0.60 of the baseline, fsync-binary >= 0.45, example-binary >= 0.30; p99 at half the peak < 5 ms; CPU per event within its budget ($over over)"
 if [ "$PROFILE" = 1 ]; then
   echo

@@ -26,7 +26,7 @@ THRESHOLD = 0.10
 
 
 def lower_is_better(key):
-    return any(k in key for k in ("cpu_us", "p99", "_ms", "rss", "seconds", "commands_per"))
+    return any(k in key for k in ("cpu_us", "p99", "_ms", "rss", "seconds", "commands_per", "steal"))
 
 
 def gather():
@@ -54,6 +54,9 @@ def main():
         json.dump(figures, f, indent=1, sort_keys=True)
         f.write("\n")
     print(f"{len(figures)} figures in {current}")
+    steal = max((v for k, v in figures.items() if k.endswith("max_steal_pct")), default=0)
+    if steal > 5:
+        print(f"  the host took up to {steal:g} % of the CPU during the load runs: moves are likely noise")
     previous = {}
     if os.path.exists(REFERENCE):
         with open(REFERENCE) as f:
