@@ -414,7 +414,7 @@ fn fence(healthy: &AtomicBool, bus: &str, what: &str, e: &std::io::Error) -> Sto
 /// wake-ups, which the requests share), none of it for a quiet or lightly loaded log. It
 /// waits in `GATHER_STEP`s and stops early once a step saw no more appenders waiting.
 /// Measured (64 connections, 4 shards, one bus): 4.7 events per flush of a shard became
-/// about 22 per round of the log, CPU per event 57-67 µs became 42-45, +35-40 % req/s.
+/// about 26 per round of the log, CPU per event 57-67 µs became 42-45, +30 % req/s.
 const GATHER: Duration = Duration::from_micros(500);
 
 /// One step of the gathering.
