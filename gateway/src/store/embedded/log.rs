@@ -162,6 +162,7 @@ impl EmbeddedLog {
             });
         }
         let wanted = handles.iter().map(|s| *s.tail.borrow()).collect();
+        let shared_flush = shares_device_flush(&handles);
         Ok(EmbeddedLog {
             bus: bus.to_string(),
             shards: Arc::new(handles),
@@ -173,7 +174,7 @@ impl EmbeddedLog {
                     running: false,
                 }),
             }),
-            shared_flush: shares_device_flush(dir, shards),
+            shared_flush,
             healthy: Arc::new(AtomicBool::new(true)),
             write_problem: Mutex::new(None),
             #[cfg(test)]
@@ -360,9 +361,7 @@ impl EmbeddedLog {
         }
         let start = {
             let mut commit = lock(&self.commit.state);
-            if let Some(wanted) = commit.wanted.get_mut(index as usize) {
-                *wanted = (*wanted).max(end);
-            }
+            commit.want(index, end);
             commit.waiting += 1;
             !std::mem::replace(&mut commit.running, true)
         };
@@ -451,6 +450,20 @@ struct CommitState {
     running: bool,
 }
 
+impl CommitState {
+    /// Records that an appender waits for shard `index`'s records below `end`.
+    fn want(&mut self, index: u32, end: Seq) {
+        if let Some(wanted) = self.wanted.get_mut(index as usize) {
+            *wanted = (*wanted).max(end);
+        }
+    }
+}
+
+/// Whether appenders wait for records of `shard` below `wanted` that its tail has not passed.
+fn behind(shard: &Shard, wanted: Seq) -> bool {
+    wanted > *shard.tail.borrow()
+}
+
 /// A shard to flush in a round: its active file, how far the flush covers it, and whether
 /// its size changed since the file's last full flush.
 struct Dirty {
@@ -486,9 +499,7 @@ impl Flusher {
             }
             let dirty = self.dirty();
             if dirty.is_empty() {
-                let mut commit = lock(&self.commit.state);
-                if !self.wanted_more(&commit) {
-                    commit.running = false;
+                if self.done() {
                     return;
                 }
                 continue;
@@ -521,21 +532,24 @@ impl Flusher {
                     publish(shard, d.upto);
                 }
             }
-            let mut commit = lock(&self.commit.state);
-            if !self.wanted_more(&commit) {
-                commit.running = false;
+            if self.done() {
                 return;
             }
             busy = true;
         }
     }
 
-    /// Whether some shard's appenders wait for records its tail has not passed.
-    fn wanted_more(&self, commit: &CommitState) -> bool {
-        self.shards
-            .iter()
+    /// Ends the flusher's run (under the lock that appenders start it with) unless some
+    /// shard's appenders still wait.
+    fn done(&self) -> bool {
+        let mut commit = lock(&self.commit.state);
+        let more = (self.shards.iter())
             .zip(&commit.wanted)
-            .any(|(shard, wanted)| *wanted > *shard.tail.borrow())
+            .any(|(shard, wanted)| behind(shard, *wanted));
+        if !more {
+            commit.running = false;
+        }
+        !more
     }
 
     /// Waits while the appenders waiting grow in number, in `GATHER_STEP`s, for at most
@@ -558,7 +572,7 @@ impl Flusher {
         let wanted = lock(&self.commit.state).wanted.clone();
         let mut dirty = Vec::new();
         for (index, (shard, wanted)) in self.shards.iter().zip(wanted).enumerate() {
-            if wanted <= *shard.tail.borrow() {
+            if !behind(shard, wanted) {
                 continue;
             }
             let mut active = lock(&shard.active);
@@ -605,26 +619,25 @@ impl Flusher {
     }
 }
 
-/// Whether the shards of a log under `dir` can share one device flush: Linux, ext4 (not
+/// Whether a log's shards can share one device flush: Linux, ext4 (not
 /// mounted `data=journal`, where written-back data waits in the journal) or XFS (a data
 /// overwrite of allocated, written blocks needs no metadata there, and their `fdatasync`
 /// always flushes the device's cache), and every shard's directory on one device. Anything
 /// else (btrfs copies on write, network and overlay file systems) gets a full `fdatasync`
 /// per file.
-fn shares_device_flush(dir: &Path, shards: u32) -> bool {
+fn shares_device_flush(shards: &[Shard]) -> bool {
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::fs::MetadataExt as _;
         const EXT4: i64 = 0xEF53;
         const XFS: i64 = 0x5846_5342;
-        let Ok(first) = fs::metadata(dir.join("shard-0")) else {
+        let Some(Ok(first)) = shards.first().map(|s| fs::metadata(&s.dir)) else {
             return false;
         };
-        let same_device = (1..shards).all(|s| {
-            fs::metadata(dir.join(format!("shard-{s}"))).is_ok_and(|m| m.dev() == first.dev())
-        });
-        let kind = File::open(dir.join("shard-0"))
-            .ok()
+        let same_device = (shards.iter().skip(1))
+            .all(|s| fs::metadata(&s.dir).is_ok_and(|m| m.dev() == first.dev()));
+        let kind = (shards.first())
+            .and_then(|s| File::open(&s.dir).ok())
             .and_then(|f| file_system_type(&f));
         same_device
             && match kind {
@@ -635,7 +648,7 @@ fn shares_device_flush(dir: &Path, shards: u32) -> bool {
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = (dir, shards);
+        let _ = shards;
         false
     }
 }
@@ -749,10 +762,8 @@ impl BusLog for EmbeddedLog {
             // Every shard of the batch is wanted before the first wait: one round covers all.
             let mut commit = lock(&self.commit.state);
             for (w, append) in written.iter().zip(&appends) {
-                if let (Ok((_, (_, end))), Some(wanted)) =
-                    (w, commit.wanted.get_mut(append.shard as usize))
-                {
-                    *wanted = (*wanted).max(*end);
+                if let Ok((_, (_, end))) = w {
+                    commit.want(append.shard, *end);
                 }
             }
         }

@@ -328,8 +328,12 @@ fn data_journal_mounts_do_not_share_a_device_flush() {
     assert!(mounted_data_journal(mountinfo, "254:1"));
     assert!(!mounted_data_journal(mountinfo, "0:30"));
     assert!(!mounted_data_journal(mountinfo, "8:1"));
-    // A directory that cannot be looked at does not share.
-    assert!(!shares_device_flush(Path::new("/nonexistent/sluice"), 4));
+    // No shard, or a shard directory that cannot be looked at, does not share.
+    assert!(!shares_device_flush(&[]));
+    let dir = tempfile::tempdir().unwrap();
+    let log = EmbeddedLog::open("b", dir.path(), 2, &options(64)).unwrap();
+    std::fs::remove_dir_all(dir.path().join("shard-1")).unwrap();
+    assert!(!shares_device_flush(&log.shards));
 }
 
 #[tokio::test]
