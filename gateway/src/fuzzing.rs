@@ -38,9 +38,12 @@ fn accept(parsed: Result<Parsed, EventError>) -> Option<Bytes> {
 }
 
 /// The context attributes and extensions of an event as text, by name (data left out):
-/// what the targets carry (`targets::attributes`) and the `datacontenttype`.
+/// what the targets carry (`EventText`) and the `datacontenttype`.
 fn context(event: &Event) -> BTreeMap<String, String> {
-    let mut all: BTreeMap<String, String> = crate::targets::attributes(event).into_iter().collect();
+    let mut all: BTreeMap<String, String> = (crate::event::EventText::of(event).attributes)
+        .into_iter()
+        .map(|(name, value)| (name.into_owned(), value.into_owned()))
+        .collect();
     if let Some(ct) = event.datacontenttype() {
         all.insert("datacontenttype".into(), ct.to_string());
     }

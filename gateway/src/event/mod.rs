@@ -3,10 +3,14 @@
 //! (`http`: CloudEvents 1.0 binary, structured and batch mode, parsed with errors that name
 //! the attribute). Ingress parses requests with `http` and writes `stored`; the runtime,
 //! targets, sources and replays read `stored` back, and targets and sources use `http` for
-//! the CloudEvents their peers send. Neither imports anything else of the gateway.
+//! the CloudEvents their peers send; targets read an event's attributes and data as text
+//! (`text`), from the stored form where it can be read without decoding. None of them
+//! imports anything else of the gateway.
 
 pub mod http;
 mod scan;
 pub mod stored;
+mod text;
 
 pub use stored::*;
+pub use text::{DataText, EventText};

@@ -330,65 +330,18 @@ pub(crate) fn header_text(value: &str) -> String {
 /// already: valid UTF-8 with its data absent or JSON. `None` for data stored as a string
 /// or as `data_base64` (a function gets a text or binary payload holding JSON as JSON, so
 /// that event goes in through the decoder), and for anything this quick look at the
-/// top-level members does not vouch for (a nested value before `data`).
+/// top-level members does not vouch for (an object or array besides `data`).
 pub fn structured_text(stored: &[u8]) -> Option<&str> {
     let text = std::str::from_utf8(stored).ok()?;
-    let b = text.as_bytes();
-    let ws = |at: &mut usize| {
-        while matches!(b.get(*at), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            *at += 1;
-        }
-    };
-    // One past the string starting at `at` (its opening quote).
-    let string_end = |mut at: usize| -> Option<usize> {
-        at += 1;
-        loop {
-            match b.get(at)? {
-                b'"' => return Some(at + 1),
-                b'\\' => at += 2,
-                _ => at += 1,
-            }
-        }
-    };
-    let mut at = 0;
-    ws(&mut at);
-    if b.get(at) != Some(&b'{') {
-        return None;
-    }
-    at += 1;
-    loop {
-        ws(&mut at);
-        match b.get(at)? {
-            b'}' => return Some(text),
-            b',' => {
-                at += 1;
-                continue;
-            }
-            b'"' => {}
-            _ => return None,
-        }
-        let key_end = string_end(at)?;
-        let key = &b[at + 1..key_end - 1];
-        at = key_end;
-        ws(&mut at);
-        if b.get(at) != Some(&b':') {
-            return None;
-        }
-        at += 1;
-        ws(&mut at);
-        let first = *b.get(at)?;
-        match key {
-            b"data" => return (first != b'"').then_some(text),
-            b"data_base64" => return None,
-            _ => {}
-        }
-        // Attributes and extensions are strings, numbers and booleans.
-        at = match first {
-            b'"' => string_end(at)?,
-            b'{' | b'[' => return None,
-            _ => at + b[at..].iter().position(|c| matches!(c, b',' | b'}'))?,
-        };
-    }
+    // Attributes and extensions are strings, numbers and booleans.
+    let plain = super::text::members(text)?
+        .iter()
+        .all(|(name, value)| match *name {
+            "data" => !value.starts_with('"'),
+            "data_base64" => false,
+            _ => !value.starts_with(['{', '[']),
+        });
+    plain.then_some(text)
 }
 
 #[cfg(test)]

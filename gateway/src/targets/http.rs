@@ -19,7 +19,7 @@ use crate::event::header_text;
 use crate::targets::config::{signing_key, AuthConfig, BodyMode, HttpConfig};
 use crate::targets::limits::{CircuitBreaker, RateLimiter};
 use crate::targets::policy::{secret, TargetPolicy};
-use crate::targets::target::{attributes, data_bytes, Envelope, Target, TargetError};
+use crate::targets::target::{Envelope, Target, TargetError};
 use crate::values::redact_url;
 
 /// Standard Webhooks: `v1,` + base64(HMAC-SHA256(key, "{id}.{timestamp}.{body}")).
@@ -47,25 +47,14 @@ pub(crate) struct Request {
 
 /// Builds the body and headers of one event in the given mode.
 pub(crate) fn encode(envelope: &Envelope, mode: BodyMode) -> Result<Request, TargetError> {
-    let event = envelope.decoded()?;
-    let id = cloudevents::AttributesReader::id(event.as_ref()).to_string();
+    let event = envelope.text()?;
+    let id = event.id().to_string();
     let mut headers = HeaderMap::new();
-    // Without a `datacontenttype`, what the data is: JSON, text, or bytes (binary data sent
-    // as `application/json` would be refused by a receiver that reads JSON as JSON).
-    let content_type = match cloudevents::AttributesReader::datacontenttype(event.as_ref()) {
-        Some(ct) => ct,
-        None => match event.data() {
-            Some(cloudevents::Data::Binary(_)) => "application/octet-stream",
-            Some(cloudevents::Data::String(_)) => "text/plain; charset=utf-8",
-            _ => "application/json",
-        },
-    }
-    .to_string();
     // The W3C trace context goes on as HTTP headers in every mode, so the receiver's
     // tracing joins the producer's trace (binary mode also has it as ce- attributes).
     for name in ["traceparent", "tracestate"] {
-        if let Some(value) = event.extension(name) {
-            if let Ok(value) = HeaderValue::from_str(&value.to_string()) {
+        if let Some(value) = event.attribute(name) {
+            if let Ok(value) = HeaderValue::from_str(value) {
                 headers.insert(HeaderName::from_static(name), value);
             }
         }
@@ -91,21 +80,29 @@ pub(crate) fn encode(envelope: &Envelope, mode: BodyMode) -> Result<Request, Tar
         }
         BodyMode::Binary | BodyMode::Raw => {
             if mode == BodyMode::Binary {
-                for (name, value) in attributes(&event) {
-                    let header =
-                        HeaderName::from_bytes(format!("ce-{name}").as_bytes()).map_err(|_| {
-                            TargetError::fatal(format!("attribute `{name}` cannot be a header"))
-                        })?;
-                    let value = HeaderValue::from_str(&header_text(&value)).map_err(|_| {
-                        TargetError::fatal(format!("attribute `{name}` cannot be a header value"))
+                let mut name = String::with_capacity(32);
+                for (attribute, value) in &event.attributes {
+                    name.clear();
+                    name.push_str("ce-");
+                    name.push_str(attribute);
+                    let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                        TargetError::fatal(format!("attribute `{attribute}` cannot be a header"))
+                    })?;
+                    let value = HeaderValue::from_str(&header_text(value)).map_err(|_| {
+                        TargetError::fatal(format!(
+                            "attribute `{attribute}` cannot be a header value"
+                        ))
                     })?;
                     headers.insert(header, value);
                 }
             }
-            if let Ok(v) = HeaderValue::from_str(&content_type) {
+            // Without a `datacontenttype`, what the data is: JSON, text, or bytes (binary
+            // data sent as `application/json` would be refused by a receiver that reads
+            // JSON as JSON).
+            if let Ok(v) = HeaderValue::from_str(event.content_type()) {
                 headers.insert(reqwest::header::CONTENT_TYPE, v);
             }
-            data_bytes(&event)
+            event.data_bytes().to_vec()
         }
     };
     Ok(Request { headers, body, id })

@@ -25,8 +25,7 @@ pub use policy::{
     EgressResolver, TargetPolicy,
 };
 pub use target::{
-    append_to_bus, attribute, attributes, data_bytes, json_lines, stored, Body, Envelope,
-    Resources, Target, TargetError, Unavailable,
+    append_to_bus, json_lines, stored, Body, Envelope, Resources, Target, TargetError, Unavailable,
 };
 
 /// Builds the running target for a configured one.

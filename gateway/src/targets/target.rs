@@ -1,6 +1,6 @@
 //! What every target is: the `Target` trait, the events it is handed (`Envelope`), how a
-//! delivery fails (`TargetError`), and the event helpers targets share (attributes, data
-//! bytes, JSON lines, appending an event to a bus).
+//! delivery fails (`TargetError`), and the event helpers targets share (the event as text,
+//! JSON lines, appending an event to a bus).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use cloudevents::event::{AttributeValue, Data};
 use cloudevents::Event;
 
 use crate::event;
@@ -75,6 +74,18 @@ impl Envelope {
                 .map_err(|e| TargetError::fatal(format!("stored event does not decode: {e}"))),
         }
     }
+
+    /// The event's attributes and data as text: read from the stored form without decoding
+    /// it where it can be (see [`event::EventText`]), else from the decoded event.
+    pub fn text(&self) -> Result<event::EventText<'_>, TargetError> {
+        if let Some(e) = &self.event {
+            return Ok(event::EventText::of(e));
+        }
+        match event::EventText::read(&self.raw) {
+            Some(text) => Ok(text),
+            None => Ok(event::EventText::of(self.decoded()?.as_ref())),
+        }
+    }
 }
 
 #[async_trait]
@@ -138,32 +149,6 @@ pub fn json_lines(events: &[Envelope]) -> Vec<u8> {
     out
 }
 
-/// The event's data as bytes, as a binary-mode body carries it (JSON serialised, text as is).
-pub fn data_bytes(event: &Event) -> Vec<u8> {
-    match event.data() {
-        Some(Data::Binary(b)) => b.clone(),
-        Some(Data::String(s)) => s.clone().into_bytes(),
-        Some(Data::Json(v)) => serde_json::to_vec(v).unwrap_or_default(),
-        None => Vec::new(),
-    }
-}
-
-/// Every context attribute and extension of the event except `datacontenttype`, as text
-/// (the form binary-mode headers and message properties carry).
-pub fn attributes(event: &Event) -> Vec<(String, String)> {
-    event
-        .iter()
-        .filter(|(name, _)| *name != "datacontenttype")
-        .map(|(name, value)| {
-            let text = match value {
-                AttributeValue::Time(t) => t.to_rfc3339(),
-                other => other.to_string(),
-            };
-            (name.to_string(), text)
-        })
-        .collect()
-}
-
 /// The stored form of an event the gateway made itself (a function reply, a dead letter),
 /// with the shard it belongs to on a bus of `shards` shards.
 pub fn stored(event: &Event, shards: u32) -> Result<(u32, Bytes), TargetError> {
@@ -209,24 +194,4 @@ pub async fn append_to_bus(
         }
     }
     Ok(())
-}
-
-/// One attribute or extension of the event as text (`time` in RFC 3339), if it has it.
-pub fn attribute(event: &Event, name: &str) -> Option<String> {
-    use cloudevents::event::ExtensionValue;
-    use cloudevents::AttributesReader;
-    Some(match name {
-        "id" => event.id().to_string(),
-        "source" => event.source().to_string(),
-        "type" => event.ty().to_string(),
-        "specversion" => event.specversion().to_string(),
-        "subject" => event.subject()?.to_string(),
-        "datacontenttype" => event.datacontenttype()?.to_string(),
-        "dataschema" => event.dataschema()?.to_string(),
-        "time" => event.time()?.to_rfc3339(),
-        _ => match event.extension(name)? {
-            ExtensionValue::String(s) => s.clone(),
-            other => other.to_string(),
-        },
-    })
 }

@@ -18,7 +18,7 @@ use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::common::message::MessageTrait;
 
 use crate::targets::config::RocketMqConfig;
-use crate::targets::target::{attribute, attributes, data_bytes, Envelope, TargetError};
+use crate::targets::target::{Envelope, TargetError};
 
 /// Most bytes of properties one message carries. The batch format stores their length in a
 /// signed 16-bit field and the broker refuses more than 32 KiB; the rest is left for what
@@ -103,16 +103,16 @@ pub(crate) fn property_text(text: &str) -> Cow<'_, str> {
 /// The message for one event. Errors are about the event itself (it does not decode, or it
 /// is larger than a message can be), so they are not retryable.
 pub(crate) fn encode(config: &RocketMqConfig, envelope: &Envelope) -> Result<Encoded, TargetError> {
-    let event = envelope.decoded()?;
-    let key = attribute(&event, &config.partition_key_attribute)
-        .unwrap_or_else(|| cloudevents::AttributesReader::id(event.as_ref()).to_string());
+    let event = envelope.text()?;
+    let attribute = |name: &str| event.attribute(name).map(str::to_string);
+    let key = attribute(&config.partition_key_attribute).unwrap_or_else(|| event.id().to_string());
     let tag = match (&config.tag, &config.tag_attribute) {
         (Some(tag), _) => Some(tag.clone()),
-        (None, Some(attr)) => attribute(&event, attr),
+        (None, Some(attr)) => attribute(attr),
         (None, None) => None,
     }
     .filter(|t| !t.is_empty());
-    let keys = attribute(&event, &config.keys_attribute).filter(|k| !k.is_empty());
+    let keys = attribute(&config.keys_attribute).filter(|k| !k.is_empty());
 
     let mut binary = Properties::default();
     if let Some(tag) = &tag {
@@ -121,24 +121,24 @@ pub(crate) fn encode(config: &RocketMqConfig, envelope: &Envelope) -> Result<Enc
     if let Some(keys) = &keys {
         binary.keys(keys);
     }
-    if let Some(ct) = cloudevents::AttributesReader::datacontenttype(event.as_ref()) {
+    if let Some(ct) = &event.datacontenttype {
         binary.user("CE_datacontenttype", ct);
     }
-    for (name, value) in attributes(&event) {
-        binary.user(&format!("CE_{name}"), &value);
+    for (name, value) in &event.attributes {
+        binary.user(&format!("CE_{name}"), value);
     }
 
     let (body, properties) = if binary.bytes <= MAX_PROPERTIES {
         let body = match &envelope.body {
             Some(transformed) => transformed.bytes.clone(),
-            None => Bytes::from(data_bytes(&event)),
+            None => Bytes::copy_from_slice(event.data_bytes()),
         };
         (body, binary)
     } else if envelope.body.is_some() {
         // The transform chose the body, so the event cannot travel as JSON instead.
         return Err(TargetError::fatal(format!(
             "the attributes of event `{}` take {} bytes, more than the {MAX_PROPERTIES} RocketMQ properties can hold, and the transform's body leaves no room for structured mode",
-            cloudevents::AttributesReader::id(event.as_ref()),
+            event.id(),
             binary.bytes
         )));
     } else {
@@ -165,7 +165,7 @@ pub(crate) fn encode(config: &RocketMqConfig, envelope: &Envelope) -> Result<Enc
     if body.len() > MAX_BODY {
         return Err(TargetError::fatal(format!(
             "event `{}` makes a message body of {} bytes; RocketMQ takes at most {MAX_BODY}",
-            cloudevents::AttributesReader::id(event.as_ref()),
+            event.id(),
             body.len()
         )));
     }
