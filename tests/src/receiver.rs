@@ -139,6 +139,20 @@ impl Receiver {
         self.state.lock().unwrap().accepted
     }
 
+    /// Waits until `n` requests were answered with a 2xx, or panics after `limit`. It reads
+    /// a count, not a copy of everything received, so a benchmark's wait does not take the
+    /// CPU it measures.
+    pub async fn wait_accepted(&self, n: usize, limit: Duration) {
+        crate::wait_until(
+            limit,
+            Duration::from_millis(20),
+            || self.accepted(),
+            |&accepted| accepted >= n,
+            |accepted| format!("{accepted} of {n} requests accepted"),
+        )
+        .await;
+    }
+
     /// Waits until `pred` holds for what was received, or panics after `limit`; returns the
     /// list the predicate held for (each request carries the status it was answered with,
     /// so a predicate on accepted requests reads the same list the caller gets).
