@@ -13,4 +13,4 @@ pub mod stored;
 mod text;
 
 pub use stored::*;
-pub use text::{DataText, EventText};
+pub use text::{structured_text, DataText, EventText};

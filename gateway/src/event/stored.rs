@@ -326,73 +326,9 @@ pub(crate) fn header_text(value: &str) -> String {
     utf8_percent_encode(value, HEADER_ENCODED).to_string()
 }
 
-/// The stored form as the structured JSON text a user function gets, when it is that text
-/// already: valid UTF-8 with its data absent or JSON. `None` for data stored as a string
-/// or as `data_base64` (a function gets a text or binary payload holding JSON as JSON, so
-/// that event goes in through the decoder), and for anything this quick look at the
-/// top-level members does not vouch for (an object or array besides `data`).
-pub fn structured_text(stored: &[u8]) -> Option<&str> {
-    let text = std::str::from_utf8(stored).ok()?;
-    // Attributes and extensions are strings, numbers and booleans.
-    let plain = super::text::members(text)?
-        .iter()
-        .all(|(name, value)| match *name {
-            "data" => !value.starts_with('"'),
-            "data_base64" => false,
-            _ => !value.starts_with(['{', '[']),
-        });
-    plain.then_some(text)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn structured_text_is_the_stored_form_when_its_data_is_json_or_absent() {
-        use cloudevents::EventBuilder;
-        let ok = [
-            r#"{"specversion":"1.0","id":"1","source":"s","type":"t","data":{"a":[1,2]}}"#,
-            r#"{"specversion":"1.0","id":"1","source":"s","type":"t"}"#,
-            r#"{"specversion":"1.0","id":"a\"data\":\"x","source":"s","type":"t","seq":5,"ok":true,"data":7}"#,
-            r#" { "id" : "1" , "data" : null } "#,
-        ];
-        for text in ok {
-            assert_eq!(structured_text(text.as_bytes()), Some(text), "{text}");
-        }
-        let not = [
-            r#"{"specversion":"1.0","id":"1","source":"s","type":"t","data":"{\"a\":1}"}"#,
-            r#"{"specversion":"1.0","id":"1","data_base64":"e30=","source":"s","type":"t"}"#,
-            r#"{"id":"1","x":{"data":1},"data":{}}"#,
-            r#"["data"]"#,
-            r#"{"id":"1""#,
-            r#"{"id":"1","data""#,
-            "",
-        ];
-        for text in not {
-            assert_eq!(structured_text(text.as_bytes()), None, "{text}");
-        }
-        assert_eq!(structured_text(b"{\"id\":\"\xff\"}"), None);
-        // What the gateway stores reads so.
-        let event = cloudevents::EventBuilderV10::new()
-            .id("1")
-            .source("s")
-            .ty("t")
-            .extension("seq", 5i64)
-            .data("application/json", serde_json::json!({"a": 1}))
-            .build()
-            .unwrap();
-        let stored = encode(&event).unwrap();
-        assert!(structured_text(&stored).is_some());
-        let text = cloudevents::EventBuilderV10::new()
-            .id("1")
-            .source("s")
-            .ty("t")
-            .data("text/plain", "hello")
-            .build()
-            .unwrap();
-        assert_eq!(structured_text(&encode(&text).unwrap()), None);
-    }
 
     fn structured(content_type: Option<&str>, data: Value) -> Event {
         let mut event = serde_json::json!({

@@ -181,6 +181,22 @@ impl<'a> EventText<'a> {
     }
 }
 
+/// The stored form as the structured JSON text a user function gets, when it is that text
+/// already: valid UTF-8 with its data absent or JSON. `None` for data stored as a string
+/// or as `data_base64` (a function gets a text or binary payload holding JSON as JSON, so
+/// that event goes in through the decoder), and for anything this quick look at the
+/// top-level members does not vouch for (an object or array besides `data`).
+pub fn structured_text(stored: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(stored).ok()?;
+    // Attributes and extensions are strings, numbers and booleans.
+    let plain = members(text)?.iter().all(|(name, value)| match *name {
+        "data" => !value.starts_with('"'),
+        "data_base64" => false,
+        _ => !value.starts_with(['{', '[']),
+    });
+    plain.then_some(text)
+}
+
 /// Where a context attribute comes in the SDK's iteration of an event; extensions last.
 fn attribute_rank(name: &str) -> u8 {
     match name {

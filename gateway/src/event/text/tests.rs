@@ -183,6 +183,51 @@ fn members_are_the_top_level_ones_with_their_json_text() {
     assert_eq!(members(r#"{"a":1} {"#), None);
 }
 
+#[test]
+fn structured_text_is_the_stored_form_when_its_data_is_json_or_absent() {
+    let ok = [
+        r#"{"specversion":"1.0","id":"1","source":"s","type":"t","data":{"a":[1,2]}}"#,
+        r#"{"specversion":"1.0","id":"1","source":"s","type":"t"}"#,
+        r#"{"specversion":"1.0","id":"a\"data\":\"x","source":"s","type":"t","seq":5,"ok":true,"data":7}"#,
+        r#" { "id" : "1" , "data" : null } "#,
+    ];
+    for text in ok {
+        assert_eq!(structured_text(text.as_bytes()), Some(text), "{text}");
+    }
+    let not = [
+        r#"{"specversion":"1.0","id":"1","source":"s","type":"t","data":"{\"a\":1}"}"#,
+        r#"{"specversion":"1.0","id":"1","data_base64":"e30=","source":"s","type":"t"}"#,
+        r#"{"id":"1","x":{"data":1},"data":{}}"#,
+        r#"["data"]"#,
+        r#"{"id":"1""#,
+        r#"{"id":"1","data""#,
+        "",
+    ];
+    for text in not {
+        assert_eq!(structured_text(text.as_bytes()), None, "{text}");
+    }
+    assert_eq!(structured_text(b"{\"id\":\"\xff\"}"), None);
+    // What the gateway stores reads so.
+    let event = cloudevents::EventBuilderV10::new()
+        .id("1")
+        .source("s")
+        .ty("t")
+        .extension("seq", 5i64)
+        .data("application/json", serde_json::json!({"a": 1}))
+        .build()
+        .unwrap();
+    let stored = encode(&event).unwrap();
+    assert!(structured_text(&stored).is_some());
+    let text = cloudevents::EventBuilderV10::new()
+        .id("1")
+        .source("s")
+        .ty("t")
+        .data("text/plain", "hello")
+        .build()
+        .unwrap();
+    assert_eq!(structured_text(&encode(&text).unwrap()), None);
+}
+
 proptest! {
     /// Any text in the string attributes and extensions, any integer: read as decoded.
     #[test]
