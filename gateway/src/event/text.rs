@@ -84,7 +84,6 @@ impl<'a> EventText<'a> {
         let mut datacontenttype = None;
         let mut data = None;
         let mut data_base64 = None;
-        let (mut id, mut source, mut ty, mut spec) = (false, false, false, false);
         for (name, value) in members(text)? {
             match name {
                 "data" => data = Some(value),
@@ -96,8 +95,7 @@ impl<'a> EventText<'a> {
                     }
                 }
                 "specversion" => {
-                    spec = value == "\"1.0\"";
-                    if !spec {
+                    if value != "\"1.0\"" {
                         return None;
                     }
                     attributes.push((Cow::Borrowed(name), Cow::Borrowed("1.0")));
@@ -109,15 +107,13 @@ impl<'a> EventText<'a> {
                     attributes.push((Cow::Borrowed(name), Cow::Owned(time)));
                 }
                 "id" | "source" | "type" | "subject" | "dataschema" => {
-                    id |= name == "id";
-                    source |= name == "source";
-                    ty |= name == "type";
                     attributes.push((Cow::Borrowed(name), string(value)?));
                 }
                 _ => attributes.push((Cow::Borrowed(name), extension(value)?)),
             }
         }
-        if !(id && source && ty && spec) {
+        let has = |required: &str| attributes.iter().any(|(name, _)| name == required);
+        if !["specversion", "id", "source", "type"].into_iter().all(has) {
             return None;
         }
         // The SDK's order for the context attributes (`AttributesIter`), extensions after.
