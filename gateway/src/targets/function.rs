@@ -95,12 +95,10 @@ impl FunctionTarget {
     }
 
     async fn call(&self, envelope: &Envelope) -> Result<(), TargetError> {
-        let event = envelope.decoded()?;
-        let hops = match event.extension(HOPS) {
-            Some(ExtensionValue::Integer(n)) => *n,
-            Some(ExtensionValue::String(s)) => s.parse().unwrap_or(0),
-            _ => 0,
-        };
+        // An integer or a string holding one (a boolean counts as none).
+        let hops = (envelope.text()?.attribute(HOPS))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
         let request = http_target::encode(envelope, BodyMode::Binary)?;
         let url = &self.shown_url;
         let response = self
