@@ -12,8 +12,10 @@
 /// The scan's verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Scan {
-    /// Valid, and read back by the decoder; the deepest nesting of arrays and objects.
-    Valid(u32),
+    /// Valid, and read back by the decoder: the deepest nesting of arrays and objects, and
+    /// whether a line break (`\n` or `\r`, only ever whitespace between tokens in a value
+    /// the scan vouches for) is in the body.
+    Valid { depth: u32, lines: bool },
     /// Not vouched for: run the full check.
     Unsure,
 }
@@ -31,20 +33,10 @@ pub(crate) fn scan(body: &[u8]) -> Scan {
     if std::str::from_utf8(body).is_err() {
         return Scan::Unsure;
     }
-    let mut s = Scanner {
-        bytes: body,
-        at: 0,
-        depth: 0,
-        deepest: 0,
-    };
-    if s.value().is_none() {
-        return Scan::Unsure;
+    match Scanner::new(body).run() {
+        Some((depth, lines)) => Scan::Valid { depth, lines },
+        None => Scan::Unsure,
     }
-    s.skip_ws();
-    if s.at != body.len() {
-        return Scan::Unsure;
-    }
-    Scan::Valid(s.deepest)
 }
 
 /// The bytes that end a run of plain string content: `"`, `\\` and control characters.
@@ -60,25 +52,46 @@ const STRING_STOP: [bool; 256] = {
     table
 };
 
+/// A loop over the bytes with the open arrays and objects as a bit stack (no recursion:
+/// the cost per token is a few compares, which is what a body of small tokens needs).
 struct Scanner<'a> {
     bytes: &'a [u8],
     at: usize,
+    /// Open containers: bit `d` set when the one at depth `d` (from 1) is an object.
+    objects: u128,
     depth: u32,
     deepest: u32,
+    lines: bool,
 }
 
-impl Scanner<'_> {
+impl<'a> Scanner<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        Scanner {
+            bytes,
+            at: 0,
+            objects: 0,
+            depth: 0,
+            deepest: 0,
+            lines: false,
+        }
+    }
+
     fn peek(&self) -> Option<u8> {
         self.bytes.get(self.at).copied()
     }
 
     fn skip_ws(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+        while let Some(b) = self.bytes.get(self.at) {
+            match b {
+                b' ' | b'\t' => {}
+                b'\n' | b'\r' => self.lines = true,
+                _ => return,
+            }
             self.at += 1;
         }
     }
 
-    fn eat(&mut self, b: u8) -> Option<()> {
+    fn expect(&mut self, b: u8) -> Option<()> {
         (self.peek() == Some(b)).then(|| self.at += 1)
     }
 
@@ -87,109 +100,121 @@ impl Scanner<'_> {
         (self.bytes.get(self.at..end) == Some(word)).then(|| self.at = end)
     }
 
-    fn value(&mut self) -> Option<()> {
-        self.skip_ws();
-        match self.peek()? {
-            b'{' => self.object(),
-            b'[' => self.array(),
-            b'"' => self.string(),
-            b't' => self.literal(b"true"),
-            b'f' => self.literal(b"false"),
-            b'n' => self.literal(b"null"),
-            b'-' | b'0'..=b'9' => self.number(),
-            _ => None,
-        }
-    }
-
-    fn enter(&mut self) -> Option<()> {
+    /// Opens an array or object (the bracket is at `at`).
+    fn open(&mut self, object: bool) -> Option<()> {
+        self.at += 1;
         self.depth += 1;
         self.deepest = self.deepest.max(self.depth);
-        (self.depth <= MAX_DEPTH).then_some(())
+        if self.depth > MAX_DEPTH {
+            return None;
+        }
+        let bit = 1u128 << self.depth;
+        if object {
+            self.objects |= bit;
+        } else {
+            self.objects &= !bit;
+        }
+        Some(())
     }
 
-    fn object(&mut self) -> Option<()> {
-        self.at += 1;
-        self.enter()?;
+    /// An object member's name and its colon; the value follows.
+    fn key(&mut self) -> Option<()> {
         self.skip_ws();
-        if self.eat(b'}').is_none() {
+        if self.peek()? != b'"' {
+            return None;
+        }
+        self.string()?;
+        self.skip_ws();
+        self.expect(b':')
+    }
+
+    /// The whole body: `Some((deepest nesting, line breaks seen))` when it is one value the
+    /// scan vouches for, with only whitespace around it.
+    fn run(mut self) -> Option<(u32, bool)> {
+        'value: loop {
+            self.skip_ws();
+            match self.peek()? {
+                b'{' => {
+                    self.open(true)?;
+                    self.skip_ws();
+                    if self.expect(b'}').is_some() {
+                        self.depth -= 1;
+                    } else {
+                        self.key()?;
+                        continue 'value;
+                    }
+                }
+                b'[' => {
+                    self.open(false)?;
+                    self.skip_ws();
+                    if self.expect(b']').is_some() {
+                        self.depth -= 1;
+                    } else {
+                        continue 'value;
+                    }
+                }
+                b'"' => self.string()?,
+                b't' => self.literal(b"true")?,
+                b'f' => self.literal(b"false")?,
+                b'n' => self.literal(b"null")?,
+                b'-' | b'0'..=b'9' => self.number()?,
+                _ => return None,
+            }
+            // After a value: the end of the body, or a comma or the close of its container.
             loop {
                 self.skip_ws();
-                if self.peek()? != b'"' {
-                    return None;
+                if self.depth == 0 {
+                    return (self.at == self.bytes.len()).then_some((self.deepest, self.lines));
                 }
-                self.string()?;
-                self.skip_ws();
-                self.eat(b':')?;
-                self.value()?;
-                self.skip_ws();
-                match self.peek()? {
-                    b',' => self.at += 1,
-                    b'}' => {
+                let object = self.objects & (1u128 << self.depth) != 0;
+                match (self.peek()?, object) {
+                    (b',', true) => {
                         self.at += 1;
-                        break;
+                        self.key()?;
+                        continue 'value;
+                    }
+                    (b',', false) => {
+                        self.at += 1;
+                        continue 'value;
+                    }
+                    (b'}', true) | (b']', false) => {
+                        self.at += 1;
+                        self.depth -= 1;
                     }
                     _ => return None,
                 }
             }
         }
-        self.depth -= 1;
-        Some(())
-    }
-
-    fn array(&mut self) -> Option<()> {
-        self.at += 1;
-        self.enter()?;
-        self.skip_ws();
-        if self.eat(b']').is_none() {
-            loop {
-                self.value()?;
-                self.skip_ws();
-                match self.peek()? {
-                    b',' => self.at += 1,
-                    b']' => {
-                        self.at += 1;
-                        break;
-                    }
-                    _ => return None,
-                }
-            }
-        }
-        self.depth -= 1;
-        Some(())
     }
 
     /// A string: no control characters, only the escapes JSON has; a `\u` escape of a
     /// surrogate is left to the full check (pairs and lone halves are its business).
     fn string(&mut self) -> Option<()> {
-        self.at += 1;
+        let bytes = self.bytes;
+        let mut at = self.at + 1;
         loop {
-            let rest = self.bytes.get(self.at..)?;
-            let stop = rest.iter().position(|b| STRING_STOP[usize::from(*b)])?;
-            self.at += stop;
-            match self.peek()? {
+            while at < bytes.len() && !STRING_STOP[usize::from(bytes[at])] {
+                at += 1;
+            }
+            match *bytes.get(at)? {
                 b'"' => {
-                    self.at += 1;
+                    self.at = at + 1;
                     return Some(());
                 }
-                b'\\' => {
-                    self.at += 1;
-                    match self.peek()? {
-                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.at += 1,
-                        b'u' => {
-                            let hex = self.bytes.get(self.at + 1..self.at + 5)?;
-                            let text = std::str::from_utf8(hex).ok()?;
-                            if !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-                                return None;
-                            }
-                            let code = u16::from_str_radix(text, 16).ok()?;
-                            if (0xD800..=0xDFFF).contains(&code) {
-                                return None;
-                            }
-                            self.at += 5;
+                b'\\' => match *bytes.get(at + 1)? {
+                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => at += 2,
+                    b'u' => {
+                        let mut code = 0u32;
+                        for &h in bytes.get(at + 2..at + 6)? {
+                            code = code * 16 + char::from(h).to_digit(16)?;
                         }
-                        _ => return None,
+                        if (0xD800..=0xDFFF).contains(&code) {
+                            return None;
+                        }
+                        at += 6;
                     }
-                }
+                    _ => return None,
+                },
                 _ => return None,
             }
         }
@@ -198,33 +223,38 @@ impl Scanner<'_> {
     /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?`; an exponent, or an integer part too long to be
     /// sure of, is left to the full check.
     fn number(&mut self) -> Option<()> {
-        self.eat(b'-');
-        let start = self.at;
-        match self.peek()? {
-            b'0' => self.at += 1,
-            b'1'..=b'9' => {
-                while let Some(b'0'..=b'9') = self.peek() {
-                    self.at += 1;
-                }
+        let bytes = self.bytes;
+        let digits = |mut at: usize| {
+            while matches!(bytes.get(at), Some(b'0'..=b'9')) {
+                at += 1;
             }
-            _ => return None,
+            at
+        };
+        let mut at = self.at;
+        if bytes.get(at) == Some(&b'-') {
+            at += 1;
         }
-        if self.at - start > MAX_INT_DIGITS {
+        let start = at;
+        at = match *bytes.get(at)? {
+            b'0' => at + 1,
+            b'1'..=b'9' => digits(at + 1),
+            _ => return None,
+        };
+        if at - start > MAX_INT_DIGITS {
             return None;
         }
-        if self.eat(b'.').is_some() {
-            let digits = self.at;
-            while let Some(b'0'..=b'9') = self.peek() {
-                self.at += 1;
-            }
-            if self.at == digits {
+        if bytes.get(at) == Some(&b'.') {
+            let end = digits(at + 1);
+            if end == at + 1 {
                 return None;
             }
+            at = end;
         }
-        match self.peek() {
-            Some(b'e' | b'E') => None,
-            _ => Some(()),
+        if matches!(bytes.get(at), Some(b'e' | b'E')) {
+            return None;
         }
+        self.at = at;
+        Some(())
     }
 }
 
@@ -278,7 +308,7 @@ mod tests {
             b"{\"a\":1}\x0c",
         ];
         for body in cases {
-            if let Scan::Valid(_) = scan(body) {
+            if let Scan::Valid { .. } = scan(body) {
                 assert!(
                     decoder_accepts(body),
                     "the scan vouched for {:?}, which the decoder refuses",
@@ -286,8 +316,27 @@ mod tests {
                 );
             }
         }
-        assert_eq!(scan(b"{\"a\":{\"b\":[1]}}"), Scan::Valid(3));
-        assert_eq!(scan(b"7"), Scan::Valid(0));
+        assert_eq!(
+            scan(b"{\"a\":{\"b\":[1]}}"),
+            Scan::Valid {
+                depth: 3,
+                lines: false
+            }
+        );
+        assert_eq!(
+            scan(b"7"),
+            Scan::Valid {
+                depth: 0,
+                lines: false
+            }
+        );
+        assert_eq!(
+            scan(b"{\r\n  \"a\": [1,\n 2]\n}\n"),
+            Scan::Valid {
+                depth: 2,
+                lines: true
+            }
+        );
         assert_eq!(scan(b"1e400"), Scan::Unsure);
         assert_eq!(scan(b"[1,]"), Scan::Unsure);
     }
@@ -296,7 +345,13 @@ mod tests {
     fn the_depth_matches_the_full_checks() {
         for depth in [1usize, 2, 10, 64] {
             let body = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
-            assert_eq!(scan(body.as_bytes()), Scan::Valid(depth as u32));
+            assert_eq!(
+                scan(body.as_bytes()),
+                Scan::Valid {
+                    depth: depth as u32,
+                    lines: false
+                }
+            );
         }
         let deep = format!("{}{}", "[".repeat(65), "]".repeat(65));
         assert_eq!(scan(deep.as_bytes()), Scan::Unsure);
@@ -306,11 +361,12 @@ mod tests {
         /// Whatever the bytes, the scan never vouches for a body the decoder refuses.
         #[test]
         fn never_vouches_for_what_the_decoder_refuses(body in proptest::collection::vec(
-            proptest::sample::select(b"{}[]\":,0123456789-.eE+ \\utrfalsn\x1f\xc3\xa9ud800".to_vec()),
+            proptest::sample::select(b"{}[]\":,0123456789-.eE+ \\utrfalsn\x1f\xc3\xa9ud800\n\r".to_vec()),
             0..40,
         )) {
-            if let Scan::Valid(_) = scan(&body) {
+            if let Scan::Valid { lines, .. } = scan(&body) {
                 proptest::prop_assert!(decoder_accepts(&body), "{:?}", String::from_utf8_lossy(&body));
+                proptest::prop_assert_eq!(lines, body.contains(&b'\n') || body.contains(&b'\r'));
             }
         }
 
@@ -318,9 +374,11 @@ mod tests {
         /// and the scan agrees with it on what is valid.
         #[test]
         fn agrees_on_generated_json(value in json_value()) {
-            let text = serde_json::to_vec(&value).unwrap();
-            if let Scan::Valid(_) = scan(&text) {
-                proptest::prop_assert!(decoder_accepts(&text));
+            for text in [serde_json::to_vec(&value).unwrap(), serde_json::to_vec_pretty(&value).unwrap()] {
+                if let Scan::Valid { lines, .. } = scan(&text) {
+                    proptest::prop_assert!(decoder_accepts(&text));
+                    proptest::prop_assert_eq!(lines, text.contains(&b'\n'));
+                }
             }
         }
     }

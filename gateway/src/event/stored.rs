@@ -249,9 +249,11 @@ pub(crate) fn append_binary_data(
         Some((ct, true)) if is_json(ct) => {
             // The one-pass scan vouches for plain JSON; the full check decides the rest
             // (and names what is wrong).
-            let depth = match super::scan::scan(body) {
-                super::scan::Scan::Valid(depth) => Ok(depth),
-                super::scan::Scan::Unsure => strict_json(body),
+            let (depth, lines) = match super::scan::scan(body) {
+                super::scan::Scan::Valid { depth, lines } => Ok((depth, lines)),
+                // memchr-backed scans: cheaper than one pass matching two bytes.
+                super::scan::Scan::Unsure => strict_json(body)
+                    .map(|depth| (depth, body.contains(&b'\n') || body.contains(&b'\r'))),
             }
             .map_err(|e| {
                 EventError::invalid(
@@ -262,8 +264,7 @@ pub(crate) fn append_binary_data(
             reads_back = depth < STRICT_DEPTH;
             comma(stored);
             stored.extend_from_slice(b"\"data\":");
-            // memchr-backed scans: cheaper than one pass matching two bytes.
-            if body.contains(&b'\n') || body.contains(&b'\r') {
+            if lines {
                 // Keep the stored form on one line (targets write JSON lines).
                 let value: Value = serde_json::from_slice(body)
                     .map_err(|e| EventError::invalid("data", e.to_string()))?;
