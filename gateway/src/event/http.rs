@@ -295,11 +295,8 @@ pub fn from_binary(headers: &HeaderMap, body: &[u8]) -> Result<Parsed, EventErro
         .map(|raw| (essence(raw), decoder_reads_json(raw)));
     event.set_datacontenttype(content_type);
     inherit_trace_context(&mut event, headers);
-    // Sized once for the attributes and the data as stored (base64 the largest), so
-    // neither the encoder nor the data grows it again.
-    let mut stored = Vec::with_capacity(512 + body.len() + body.len() / 3);
-    serde_json::to_writer(&mut stored, &event)
-        .map_err(|e| EventError::invalid("event", format!("cannot encode: {e}")))?;
+    let mut stored =
+        encode(&event).map_err(|e| EventError::invalid("event", format!("cannot encode: {e}")))?;
     let reads_back = if body.is_empty() {
         true
     } else {
